@@ -1,0 +1,54 @@
+"""Entry point: parse -> build -> fit.
+
+    python launch/train.py --config tiny_cpu.yaml [key=value ...]
+    torchrun --nproc_per_node=8 launch/train.py --config gpt_1.3b_8k.yaml train.max_steps=500
+    deepspeed launch/train.py --config gpt_1.3b_8k.yaml engine.type=deepspeed
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository's packages importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from training.config import ConfigError, load_config, validate  # noqa: E402
+from training.distributed import init_distributed  # noqa: E402
+from training.trainer import Trainer  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", "-c", default="tiny_cpu.yaml", help="NAME.yaml in configs/, or a path")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                   help="set by the deepspeed launcher; LOCAL_RANK in the environment wins")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_steps=20")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    rank = int(os.environ.get("RANK", 0))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(args.config, args.overrides)
+        validate(cfg, world_size=int(os.environ.get("WORLD_SIZE", 1)))
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    dist = init_distributed(cfg.train.device, cfg.engine.backend)
+    try:
+        Trainer.build(cfg, dist).fit()
+    finally:
+        dist.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Causal self-attention and the one place that chooses how attention is computed.
+
+Backends (chosen once per model, logged):
+  flash     - our FlashAttention-2 CUDA kernel (`kernels.flash_attn_func`), CUDA + bf16/fp16 only
+  sdpa      - PyTorch's scaled_dot_product_attention (picks flash/cuDNN/math itself)
+  reference - plain matmul + softmax in fp32; slow, for checking
+  auto      - flash when our kernel is available on a CUDA device, else sdpa
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.config import GPTConfig
+from model.rope import apply_rotary
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("flash", "sdpa", "reference")
+
+
+def _our_kernel_status() -> Tuple[bool, str]:
+    try:
+        import kernels
+    except Exception as e:  # a broken install must not stop the CPU path
+        return False, f"kernels package failed to import: {e}"
+    if kernels.is_available():
+        return True, "our FlashAttention-2 kernel"
+    return False, kernels.unavailable_reason()
+
+
+def resolve_backend(requested: str, device: torch.device) -> Tuple[str, str]:
+    """Return (backend, reason). `requested` is the config's model.attention."""
+    if requested in ("sdpa", "reference"):
+        return requested, "asked for in model.attention"
+    if device.type != "cuda":
+        if requested == "flash":
+            raise RuntimeError("model.attention=flash needs a CUDA device; on this machine use "
+                               "model.attention=sdpa (or auto)")
+        return "sdpa", f"auto on {device.type}: our kernel is CUDA-only"
+    ok, why = _our_kernel_status()
+    if ok:
+        return "flash", why
+    if requested == "flash":
+        raise RuntimeError(f"model.attention=flash but our kernel is unavailable: {why}")
+    return "sdpa", f"auto: our kernel unavailable ({why})"
+
+
+def doc_mask(cu_seqlens: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
+    """Boolean (B, 1, T, T) mask: causal and within the same document.
+
+    cu_seqlens: int32 (n_docs + 1,) start offsets into the flattened (B*T) batch, 0 ... B*T.
+    """
+    total = batch * seqlen
+    starts = torch.zeros(total, dtype=torch.int32, device=cu_seqlens.device)
+    starts[cu_seqlens[1:-1].long()] = 1
+    doc_id = torch.cumsum(starts, 0).view(batch, seqlen)  # (B, T) document index per token
+    same_doc = doc_id[:, :, None] == doc_id[:, None, :]  # (B, T, T)
+    causal = torch.ones(seqlen, seqlen, dtype=torch.bool, device=cu_seqlens.device).tril()
+    return (same_doc & causal)[:, None]
+
+
+def reference_attention(q, k, v, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """q: (B, H, T, D), k/v: (B, H, T, D) -> (B, H, T, D); fp32 math, causal unless mask given."""
+    T = q.shape[-2]
+    scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+    if mask is None:
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(dim=-1) @ v.float()).to(q.dtype)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig, backend: str):
+        super().__init__()
+        assert backend in BACKENDS, backend
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
+        kv_dim = self.n_kv_head * self.head_dim
+        self.qkv = nn.Linear(cfg.d_model, cfg.d_model + 2 * kv_dim, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.proj.is_residual_out = True  # scaled init (GPT-2)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.backend = backend
+        self.rotary = cfg.pos_emb == "rope"
+
+    def forward(self, x: torch.Tensor, rope_cache=None, cu_seqlens=None, max_seqlen=None):
+        B, T, C = x.shape  # (batch, seq, d_model)
+        kv_dim = self.n_kv_head * self.head_dim
+        q, k, v = self.qkv(x).split([C, kv_dim, kv_dim], dim=-1)
+        q = q.view(B, T, self.n_head, self.head_dim)  # (B, T, H, D)
+        k = k.view(B, T, self.n_kv_head, self.head_dim)  # (B, T, Hkv, D)
+        v = v.view(B, T, self.n_kv_head, self.head_dim)
+        if self.rotary:
+            q, k = apply_rotary(q, rope_cache), apply_rotary(k, rope_cache)
+        if self.backend == "flash":
+            y = self._flash(q, k, v, cu_seqlens, max_seqlen)  # (B, T, H, D)
+        else:
+            y = self._torch(q, k, v, cu_seqlens)
+        return self.dropout(self.proj(y.reshape(B, T, C)))
+
+    def _flash(self, q, k, v, cu_seqlens, max_seqlen):
+        import kernels
+
+        if cu_seqlens is None:
+            return kernels.flash_attn_func(q, k, v, causal=True)
+        B, T = q.shape[:2]
+        y = kernels.flash_attn_varlen_func(
+            q.reshape(B * T, *q.shape[2:]), k.reshape(B * T, *k.shape[2:]), v.reshape(B * T, *v.shape[2:]),
+            cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True)
+        return y.view(B, T, *y.shape[1:])
+
+    def _torch(self, q, k, v, cu_seqlens):
+        B, T = q.shape[:2]
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        if self.n_kv_head != self.n_head:  # grouped-query: repeat K/V heads for the group
+            rep = self.n_head // self.n_kv_head
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        mask = doc_mask(cu_seqlens, B, T) if cu_seqlens is not None else None
+        if self.backend == "reference":
+            y = reference_attention(q, k, v, mask)
+        elif mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return y.transpose(1, 2)  # (B, T, H, D)

@@ -1,0 +1,58 @@
+"""Shapes of a GPT model and the arithmetic that follows from them (parameters, FLOPs).
+
+Plain dataclass (no framework imports) so the model stays usable on its own; the training config
+(`training/config.py`) nests it as its `model` section.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class GPTConfig:
+    n_layer: int = 2  # transformer blocks
+    d_model: int = 128  # residual width
+    n_head: int = 4  # query heads; head_dim = d_model // n_head
+    n_kv_head: Optional[int] = None  # key/value heads (grouped-query attention); None = n_head
+    vocab_size: int = 50304  # embedding rows; >= the tokenizer's vocab (GPT-2's 50257 padded to 64·k)
+    seq_len: int = 256  # context length in tokens
+    mlp_ratio: int = 4  # MLP hidden = mlp_ratio · d_model
+    pos_emb: str = "learned"  # learned | rope
+    rope_theta: float = 10000.0  # rotary base (pos_emb=rope only)
+    norm_eps: float = 1e-5  # LayerNorm epsilon
+    bias: bool = True  # biases in linear layers and LayerNorm (GPT-2/3 style)
+    dropout: float = 0.0  # on attention output and MLP output
+    init_std: float = 0.02  # std of weights; residual projections scaled by 1/sqrt(2·n_layer)
+    attention: str = "auto"  # auto | flash (our kernel) | sdpa | reference
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    def num_params(self) -> int:
+        """All parameters, counting the tied embedding/head matrix once."""
+        d, L, b = self.d_model, self.n_layer, int(self.bias)
+        kv_dim = self.kv_heads * self.head_dim
+        hidden = self.mlp_ratio * d
+        norm = d * (1 + b)  # LayerNorm weight (+ bias)
+        attn = d * (d + 2 * kv_dim) + b * (d + 2 * kv_dim) + d * d + b * d  # qkv + out projection
+        mlp = d * hidden + b * hidden + hidden * d + b * d
+        block = 2 * norm + attn + mlp
+        embed = self.vocab_size * d + (self.seq_len * d if self.pos_emb == "learned" else 0)
+        return embed + L * block + norm  # + final LayerNorm
+
+    def flops_per_token(self, causal_aware: bool = False) -> float:
+        """Training FLOPs per token (forward + backward), the FlashAttention-2 paper's formula.
+
+        Per sequence of s tokens: 6·s·N + 12·L·d·s²  (§4.2 of Dao 2023, also nanoGPT, torchtitan),
+        i.e. per token 6·N + 12·L·d·s, with N all parameters and attention counted as if
+        non-causal. `causal_aware=True` halves the attention term (Megatron's convention):
+        6·N + 6·L·d·s.
+        """
+        attn = 12 * self.n_layer * self.d_model * self.seq_len
+        return 6 * self.num_params() + (attn / 2 if causal_aware else attn)

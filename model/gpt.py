@@ -1,0 +1,103 @@
+"""GPT (GPT-2/3 style), single device: embeddings -> N x Block(LN -> Attention -> LN -> MLP) -> LN -> head.
+
+Knows nothing of parallelism, compile or DeepSpeed: those are applied from outside (training/).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.attention import CausalSelfAttention, resolve_backend
+from model.config import GPTConfig
+from model.rope import rope_cache
+
+log = logging.getLogger(__name__)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        hidden = cfg.mlp_ratio * cfg.d_model
+        self.fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
+        self.proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
+        self.proj.is_residual_out = True
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):  # (B, T, d) -> (B, T, d)
+        return self.dropout(self.proj(F.gelu(self.fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig, backend: str):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg, backend)
+        self.ln2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, rope=None, cu_seqlens=None, max_seqlen=None):
+        x = x + self.attn(self.ln1(x), rope, cu_seqlens, max_seqlen)
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig, device: Optional[torch.device] = None):
+        """`device` only decides the attention backend (auto: our kernel on CUDA); build on meta or
+        CPU and move as usual."""
+        super().__init__()
+        self.cfg = cfg
+        backend_device = torch.device(device) if device is not None else torch.device("cpu")
+        self.attention_backend, reason = resolve_backend(cfg.attention, backend_device)
+        log.info("attention backend: %s (%s)", self.attention_backend, reason)
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.pos_emb == "learned" else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, self.attention_backend) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied input/output embedding
+        if cfg.pos_emb == "rope":
+            cos, sin = rope_cache(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)  # (T, D/2)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """GPT-2/3 init: N(0, init_std); residual output projections scaled by 1/sqrt(2 * n_layer)."""
+        std = self.cfg.init_std
+        if isinstance(module, nn.Linear):
+            if getattr(module, "is_residual_out", False):
+                std = std / math.sqrt(2 * self.cfg.n_layer)
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # tied weights are counted once
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
+                cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None):
+        """idx: (B, T) token ids. Returns the mean cross-entropy if `targets` (B, T) is given, else
+        logits (B, T, vocab). `cu_seqlens` (int32, documents' start offsets in the flattened batch)
+        keeps attention inside documents."""
+        B, T = idx.shape
+        if T > self.cfg.seq_len:
+            raise ValueError(f"sequence of {T} tokens exceeds model.seq_len={self.cfg.seq_len}")
+        x = self.wte(idx)  # (B, T, d)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(T, device=idx.device))
+        x = self.drop(x)
+        rope = (self.rope_cos, self.rope_sin) if self.cfg.pos_emb == "rope" else None
+        for block in self.blocks:
+            x = block(x, rope, cu_seqlens, max_seqlen)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))

@@ -1,0 +1,232 @@
+"""Typed run configuration: OmegaConf schema, YAML merge, CLI overrides, validation.
+
+A run's config is built as  schema defaults <- configs/base.yaml <- configs/NAME.yaml <- key=value
+overrides, then checked once by `validate`. Any problem raises `ConfigError` with one message that
+names the key and the fix. The resolved config is saved with every run (`save_resolved`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from model.config import GPTConfig
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+BASE_CONFIG = "base.yaml"
+
+
+class ConfigError(ValueError):
+    """A bad configuration, with one message naming the problem and the fix."""
+
+
+@dataclass
+class DataConfig:
+    source: List[str] = field(default_factory=lambda: ["data/corpus"])  # files, folders or a hub name
+    format: str = "auto"  # auto | text | json | parquet
+    text_field: str = "text"  # column holding the text (json/parquet)
+    tokenizer: str = "train"  # train (byte-level BPE on the corpus) | path to tokenizer.json
+    tokenizer_vocab_size: int = 4096  # vocab size when training the tokenizer
+    cache_dir: str = ".cache/data"  # token shards, keyed by a hash of source + tokenizer
+    val_fraction: float = 0.05  # share of documents held out for evaluation
+    num_proc: int = 2  # tokenizer worker processes
+    num_workers: int = 1  # loader prefetch threads (0 = none)
+    doc_boundaries: bool = False  # hand document offsets (cu_seqlens) to the model (varlen attention)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 6e-4  # peak learning rate
+    min_lr: float = 6e-5  # floor of the cosine decay
+    warmup_steps: int = 10  # linear warm-up, in optimizer steps
+    decay_steps: Optional[int] = None  # cosine length; None = train.max_steps
+    weight_decay: float = 0.1  # on 2-D weights only
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # global L2 norm; 0 disables
+    fused: str = "auto"  # auto (fused AdamW on CUDA) | true | false
+
+
+@dataclass
+class EngineConfig:
+    type: str = "torch"  # torch | deepspeed
+    parallel: str = "ddp"  # ddp | fsdp (torch engine with >1 process)
+    zero_stage: int = 0  # DeepSpeed ZeRO stage 0..3
+    backend: str = "auto"  # process-group backend: auto (nccl on CUDA, gloo on CPU) | nccl | gloo
+
+
+@dataclass
+class LoggingConfig:
+    wandb: str = "offline"  # offline | online | disabled
+    project: str = "flashgpt"  # W&B project
+    log_interval: int = 1  # steps between log lines
+    progress: bool = True  # console progress bar
+    jsonl: bool = True  # metrics.jsonl in the run folder
+
+
+@dataclass
+class TrainConfig:
+    run_name: str = "run"  # run folder name under out_dir
+    out_dir: str = "runs"  # parent of run folders
+    seed: int = 1337
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | bf16 | fp32
+    max_steps: int = 100  # optimizer steps
+    global_batch_size: int = 8  # sequences per optimizer step, all ranks together
+    micro_batch_size: int = 4  # sequences per forward pass, per rank
+    eval_interval: int = 50  # steps between evaluations (0 = never)
+    eval_steps: int = 4  # micro-batches per evaluation
+    ckpt_interval: int = 50  # steps between checkpoints (0 = only at the end)
+    keep_last: int = 3  # checkpoints kept
+    resume: str = "auto"  # auto | none | path to a checkpoint folder
+    compile: bool = False  # torch.compile the model
+    stop_after: Optional[int] = None  # leave after this many steps this session (tests, pre-emption drills)
+
+
+@dataclass
+class Config:
+    model: GPTConfig = field(default_factory=GPTConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.train.out_dir) / self.train.run_name
+
+
+def find_config_file(name: str) -> Path:
+    """`name` as a path, else under configs/ (with or without .yaml)."""
+    candidates = [Path(name), CONFIG_DIR / name, CONFIG_DIR / f"{name}.yaml"]
+    for path in candidates:
+        if path.is_file():
+            return path
+    known = ", ".join(sorted(p.name for p in CONFIG_DIR.glob("*.yaml") if p.name != BASE_CONFIG))
+    raise ConfigError(f"config file '{name}' not found (looked in . and {CONFIG_DIR}); known: {known}")
+
+
+def _merge(schema: DictConfig, other: Any, what: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(schema, other)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        msg = str(e).splitlines()[0]
+        raise ConfigError(f"{what}: bad key '{key}': {msg}. Check the spelling and type against "
+                          f"training/config.py") from None
+
+
+def load_config(name: Optional[str] = None, overrides: Optional[List[str]] = None) -> Config:
+    """Schema <- base.yaml <- NAME.yaml <- overrides; validated; returned as a typed Config."""
+    cfg = OmegaConf.structured(Config)
+    base = CONFIG_DIR / BASE_CONFIG
+    if base.is_file():
+        cfg = _merge(cfg, OmegaConf.load(base), str(base))
+    if name:
+        path = find_config_file(name)
+        try:
+            loaded = OmegaConf.load(path)
+        except Exception as e:  # YAML syntax errors
+            raise ConfigError(f"{path}: cannot parse YAML: {e}") from None
+        cfg = _merge(cfg, loaded, str(path))
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not key=value (e.g. train.max_steps=10)")
+        try:
+            dotlist = OmegaConf.from_dotlist([item])
+        except Exception as e:
+            raise ConfigError(f"override '{item}': {e}") from None
+        cfg = _merge(cfg, dotlist, f"override '{item}'")
+    config: Config = OmegaConf.to_object(cfg)
+    validate(config)
+    return config
+
+
+def _choice(value: str, allowed: tuple, key: str) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}='{value}' is not one of {', '.join(allowed)}")
+
+
+def validate(cfg: Config, world_size: int = 1) -> None:
+    """Check shapes and cross-field consistency; raise ConfigError naming the key and the fix."""
+    m, t, o = cfg.model, cfg.train, cfg.optim
+    for key, value in [("model.n_layer", m.n_layer), ("model.d_model", m.d_model),
+                       ("model.n_head", m.n_head), ("model.vocab_size", m.vocab_size),
+                       ("model.seq_len", m.seq_len), ("model.mlp_ratio", m.mlp_ratio),
+                       ("train.max_steps", t.max_steps), ("train.global_batch_size", t.global_batch_size),
+                       ("train.micro_batch_size", t.micro_batch_size), ("train.keep_last", t.keep_last),
+                       ("logging.log_interval", cfg.logging.log_interval)]:
+        if value <= 0:
+            raise ConfigError(f"{key}={value} must be positive")
+    if m.d_model % m.n_head:
+        raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.n_head={m.n_head}; "
+                          f"pick n_head dividing d_model (head_dim = d_model / n_head)")
+    kv = m.n_kv_head or m.n_head
+    if kv <= 0 or m.n_head % kv:
+        raise ConfigError(f"model.n_kv_head={m.n_kv_head} must divide model.n_head={m.n_head}")
+    head_dim = m.d_model // m.n_head
+    if m.pos_emb == "rope" and head_dim % 2:
+        raise ConfigError(f"pos_emb=rope needs an even head_dim, got {head_dim}")
+    _choice(m.pos_emb, ("learned", "rope"), "model.pos_emb")
+    _choice(m.attention, ("auto", "flash", "sdpa", "reference"), "model.attention")
+    if not 0.0 <= m.dropout < 1.0:
+        raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
+    _choice(cfg.data.format, ("auto", "text", "json", "parquet"), "data.format")
+    if not 0.0 < cfg.data.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction={cfg.data.val_fraction} must be in (0, 1)")
+    if cfg.data.tokenizer == "train" and cfg.data.tokenizer_vocab_size > m.vocab_size:
+        raise ConfigError(f"data.tokenizer_vocab_size={cfg.data.tokenizer_vocab_size} exceeds "
+                          f"model.vocab_size={m.vocab_size}; raise model.vocab_size or lower the tokenizer's")
+    if not cfg.data.source:
+        raise ConfigError("data.source is empty: name at least one file, folder or dataset")
+    _choice(o.fused, ("auto", "true", "false"), "optim.fused")
+    if o.lr <= 0 or o.min_lr < 0 or o.min_lr > o.lr:
+        raise ConfigError(f"optim.lr={o.lr} / optim.min_lr={o.min_lr}: need 0 <= min_lr <= lr, lr > 0")
+    if o.warmup_steps < 0 or o.grad_clip < 0:
+        raise ConfigError("optim.warmup_steps and optim.grad_clip must be >= 0")
+    _choice(cfg.engine.type, ("torch", "deepspeed"), "engine.type")
+    _choice(cfg.engine.parallel, ("ddp", "fsdp"), "engine.parallel")
+    _choice(cfg.engine.backend, ("auto", "nccl", "gloo"), "engine.backend")
+    if cfg.engine.zero_stage not in (0, 1, 2, 3):
+        raise ConfigError(f"engine.zero_stage={cfg.engine.zero_stage} must be 0, 1, 2 or 3")
+    _choice(cfg.logging.wandb, ("offline", "online", "disabled"), "logging.wandb")
+    _choice(t.device, ("auto", "cpu", "cuda"), "train.device")
+    _choice(t.dtype, ("auto", "bf16", "fp32"), "train.dtype")
+    per_step = t.micro_batch_size * world_size
+    if t.global_batch_size % per_step:
+        raise ConfigError(
+            f"train.global_batch_size={t.global_batch_size} is not divisible by micro_batch_size "
+            f"({t.micro_batch_size}) x ranks ({world_size}) = {per_step}; set global_batch_size to a "
+            f"multiple of {per_step}")
+    if t.eval_interval < 0 or t.ckpt_interval < 0 or t.eval_steps < 0:
+        raise ConfigError("train.eval_interval, train.eval_steps and train.ckpt_interval must be >= 0")
+
+
+def grad_accum_steps(cfg: Config, world_size: int) -> int:
+    """Micro-batches per rank per optimizer step."""
+    return cfg.train.global_batch_size // (cfg.train.micro_batch_size * world_size)
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def save_resolved(cfg: Config, path: os.PathLike) -> None:
+    """Write the resolved config as YAML (atomically) so a run can be reproduced from its folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    os.replace(tmp, path)
+
+
+def from_dict(d: dict) -> Config:
+    """Rebuild a Config from `to_dict` output (checkpoints store that)."""
+    return OmegaConf.to_object(_merge(OmegaConf.structured(Config), OmegaConf.create(d), "checkpoint config"))

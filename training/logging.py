@@ -1,0 +1,224 @@
+"""Run logging on rank 0: console progress bar, metrics.jsonl in the run folder, Weights & Biases.
+
+No backend failure ever stops training: each backend warns once and the run goes on. W&B runs
+offline by default, keeps its files under run_dir/wandb, and continues the same run id on resume
+(store `RunLogger.wandb_id` in checkpoints). Train metrics are logged under their own names
+("loss", "mfu_paper", ...); evaluation metrics under "eval/<name>".
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import secrets
+import string
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from training.metrics import format_mfu
+
+# W&B summaries so runs line up side by side in the runs table.
+WANDB_SUMMARIES = {"loss": "min,last", "eval/loss": "min,last", "tokens_per_s": "mean",
+                   "tokens_per_s_per_gpu": "mean", "tflops_paper": "mean", "tflops_causal": "mean",
+                   "mfu_paper": "mean", "mfu_causal": "mean", "step_time_s": "mean"}
+
+
+def _config_dict(cfg: Any) -> dict:
+    if dataclasses.is_dataclass(cfg):
+        return dataclasses.asdict(cfg)
+    try:
+        from omegaconf import OmegaConf
+        return OmegaConf.to_container(cfg, resolve=True)
+    except Exception:
+        return dict(cfg)
+
+
+def _clean(v: Any) -> Any:
+    """Plain scalar: 0-d tensors and numpy numbers to float (NaN/inf stay floats; Python's json
+    writes and reads them as NaN/Infinity), anything else non-numeric to str."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    return f
+
+
+def new_run_id(length: int = 8) -> str:
+    """A W&B-style run id: lowercase letters and digits."""
+    alphabet = string.ascii_lowercase + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(length))
+
+
+def truncate_jsonl(path: Path, last_step: int) -> None:
+    """Keep only records with step <= last_step (all gone when last_step is 0), atomically."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # a torn last line from a crash
+            continue
+        if last_step > 0 and rec.get("step", math.inf) <= last_step:
+            kept.append(line)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+class RunLogger:
+    def __init__(self, cfg, run_dir: Path, rank: int, total_steps: int, start_step: int = 0,
+                 wandb_id: Optional[str] = None):
+        self.cfg, self.run_dir, self.rank = cfg, Path(run_dir), rank
+        self.total_steps, self.start_step = total_steps, start_step
+        self.log_interval = cfg.logging.log_interval
+        self.wandb_id = wandb_id  # the W&B run id (store it in checkpoints)
+        self.active = rank == 0
+        self._warned: set = set()
+        self._bar = self._jsonl = self._wandb = None
+        if not self.active:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.logging.jsonl:
+            path = self.run_dir / "metrics.jsonl"
+            self._guard("jsonl", truncate_jsonl, path, start_step)
+            self._jsonl = self._guard("jsonl", open, path, "a")
+        if cfg.logging.wandb != "disabled":
+            self._guard("wandb", self._init_wandb, cfg.logging.wandb)
+        if cfg.logging.progress:  # after W&B init, so its start-up time stays out of the ETA
+            from tqdm.auto import tqdm
+            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
+                             file=sys.stderr)
+
+    # --- backends -------------------------------------------------------------------------
+    def _warn_once(self, backend: str, err: BaseException) -> None:
+        if backend not in self._warned:
+            self._warned.add(backend)
+            msg = f"warning: {backend} logging failed ({type(err).__name__}: {err}); training goes on"
+            try:
+                self.info(msg)
+            except Exception:  # the console itself may be what failed
+                print(msg, file=sys.__stderr__, flush=True)
+
+    def _guard(self, backend: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            self._warn_once(backend, e)
+            return None
+
+    def _init_wandb(self, mode: str) -> None:
+        try:
+            import wandb
+        except Exception as e:  # not installed, or broken install
+            self._warn_once("wandb", e)
+            return
+        wdir = self.run_dir / "wandb"
+        wdir.mkdir(parents=True, exist_ok=True)
+        for var, sub in (("WANDB_DIR", ""), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config"),
+                         ("WANDB_DATA_DIR", "data")):
+            os.environ[var] = str(wdir / sub) if sub else str(wdir)
+        self.wandb_id = self.wandb_id or new_run_id()
+        kwargs = dict(project=self.cfg.logging.project, name=self.cfg.train.run_name, id=self.wandb_id,
+                      resume="allow", config=_config_dict(self.cfg), dir=str(wdir),
+                      settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))
+        try:
+            run = wandb.init(mode=mode, **kwargs)
+        except Exception as e:
+            if mode != "online":
+                self._warn_once("wandb", e)
+                return
+            self.info(f"warning: W&B online init failed ({type(e).__name__}: {e}); falling back to offline")
+            run = self._guard("wandb", wandb.init, mode="offline", **kwargs)
+        if run is None:
+            return
+        self._wandb = run
+        for name, summary in WANDB_SUMMARIES.items():
+            self._guard("wandb", run.define_metric, name, summary=summary)
+        self.info(f"W&B run {self.wandb_id} ({getattr(run.settings, 'mode', mode)}) in {wdir}")
+
+    # --- public API ---------------------------------------------------------------------------
+    def should_log(self, step: int) -> bool:
+        """Whether `step` is a logging point (every log_interval steps, and the last step)."""
+        return step % self.log_interval == 0 or step == self.total_steps
+
+    def info(self, msg: str) -> None:
+        """Print a message above the progress bar (rank 0 only)."""
+        if not self.active:
+            return
+        if self._bar is not None:
+            self._bar.write(msg, file=sys.stderr)
+        else:
+            print(msg, file=sys.stderr, flush=True)
+
+    def log(self, step: int, metrics: Dict[str, Any]) -> None:
+        """Record train metrics of optimizer step `step` (1-based count of steps done)."""
+        if not self.active:
+            return
+        record = {k: _clean(v) for k, v in metrics.items()}
+        self._write(step, record)
+        self._guard("console", self._console, step, record)
+
+    def log_eval(self, step: int, metrics: Dict[str, Any]) -> None:
+        """Record evaluation metrics; keys are prefixed 'eval/'."""
+        if not self.active:
+            return
+        record = {(k if k.startswith("eval/") else f"eval/{k}"): _clean(v) for k, v in metrics.items()}
+        self._write(step, record)
+        self.info(f"step {step}: " + " ".join(f"{k}={_fmt(v)}" for k, v in record.items()))
+
+    def advance(self, step: int) -> None:
+        """Move the progress bar to `step` without metrics."""
+        if self.active and self._bar is not None and step > self._bar.n:
+            self._bar.update(step - self._bar.n)
+
+    def _write(self, step: int, record: Dict[str, Any]) -> None:
+        if self._jsonl is not None:
+            line = json.dumps({"step": step, "time": time.time(), **record})
+            self._guard("jsonl", lambda: (self._jsonl.write(line + "\n"), self._jsonl.flush()))
+        if self._wandb is not None:
+            self._guard("wandb", self._wandb.log, record, step=step)
+
+    def _console(self, step: int, m: Dict[str, Any]) -> None:
+        parts = []
+        if m.get("loss") is not None:
+            parts.append(f"loss={m['loss']:.4f}")
+        if m.get("tokens_per_s") is not None:
+            parts.append(f"tok/s={m['tokens_per_s'] / 1e3:.1f}k")
+        if m.get("mfu_paper") is not None:
+            parts.append(f"mfu={format_mfu(m['mfu_paper'])}")
+        elif m.get("tflops_paper") is not None:
+            parts.append(f"tflops={m['tflops_paper']:.3g} mfu=n/a")
+        if self._bar is not None:
+            self.advance(step)
+            self._bar.set_postfix_str(" ".join(parts), refresh=True)
+        elif self.should_log(step):
+            print(f"step {step}/{self.total_steps} " + " ".join(parts), file=sys.stderr, flush=True)
+
+    def close(self, exit_code: int = 0) -> None:
+        if not self.active:
+            return
+        if self._bar is not None:
+            self._guard("console", self._bar.close)
+            self._bar = None
+        if self._jsonl is not None:
+            self._guard("jsonl", self._jsonl.close)
+            self._jsonl = None
+        if self._wandb is not None:
+            self._guard("wandb", self._wandb.finish, exit_code=exit_code)
+            self._wandb = None
+
+    def __enter__(self) -> "RunLogger":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(exit_code=0 if exc_type is None else 1)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)

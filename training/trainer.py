@@ -1,0 +1,164 @@
+"""The training loop: micro-batches, gradient accumulation, optimizer steps, evaluation, checkpoints,
+metrics. Everything it drives is built by `Trainer.build` from one resolved Config."""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from data.loader import PackedLoader
+from data.prepare import prepare
+from model.gpt import GPT
+from training.checkpoint import Checkpointer, rng_state, set_rng_state
+from training.config import Config, grad_accum_steps, save_resolved, to_dict
+from training.distributed import DistInfo
+from training.engine import build_engine
+from training.logging import RunLogger
+from training.metrics import DeferredScalars, ThroughputMeter, memory_stats, peak_flops
+
+log = logging.getLogger(__name__)
+
+
+def check_compatible(saved: dict, cfg: Config, path: Path) -> None:
+    """A checkpoint resumes only a run of the same model shape and data."""
+    if saved["model"] != to_dict(cfg)["model"]:
+        diff = {k: (v, to_dict(cfg)["model"].get(k)) for k, v in saved["model"].items()
+                if to_dict(cfg)["model"].get(k) != v}
+        raise RuntimeError(f"{path} holds a model of another shape ({diff}, saved vs now); resume with "
+                           f"the same model.* settings or start a new run (train.run_name=...)")
+
+
+class Trainer:
+    def __init__(self, cfg: Config, dist: DistInfo, engine, train_loader: PackedLoader,
+                 val_loader: Optional[PackedLoader], data_meta: dict):
+        self.cfg, self.dist, self.engine = cfg, dist, engine
+        self.train_loader, self.val_loader, self.data_meta = train_loader, val_loader, data_meta
+        self.run_dir = Path(cfg.train.out_dir) / cfg.train.run_name
+        self.accum = grad_accum_steps(cfg, dist.world_size)
+        self.tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_len
+        self.checkpointer = Checkpointer(self.run_dir, cfg.train.keep_last, dist)
+        self.step, self.tokens_seen, self.wandb_id = 0, 0, None
+
+    @classmethod
+    def build(cls, cfg: Config, dist: DistInfo) -> "Trainer":
+        t = cfg.train
+        # Data: rank 0 tokenizes and writes shards; the others then find them in the cache.
+        if dist.is_main:
+            prepared = prepare(cfg.data, cfg.model.vocab_size)
+        dist.barrier()
+        if not dist.is_main:
+            prepared = prepare(cfg.data, cfg.model.vocab_size)
+        common = dict(seq_len=cfg.model.seq_len, micro_batch_size=t.micro_batch_size,
+                      eos_id=prepared.eos_id, doc_boundaries=cfg.data.doc_boundaries)
+        train_loader = PackedLoader(prepared.dir, "train", rank=dist.rank, world_size=dist.world_size,
+                                    seed=t.seed, num_workers=cfg.data.num_workers, **common)
+        val_loader = None
+        if t.eval_interval > 0 and t.eval_steps > 0:
+            val_loader = PackedLoader(prepared.dir, "val", rank=dist.rank, world_size=dist.world_size,
+                                      seed=t.seed, num_workers=0, **common)
+        torch.manual_seed(t.seed)  # identical initial weights on every rank
+        model = GPT(cfg.model, device=dist.device)
+        engine = build_engine(model, cfg, dist)
+        torch.manual_seed(t.seed + 1000 * dist.rank)  # per-rank stream for dropout
+        meta = {"tokenizer_hash": prepared.tokenizer_hash, "vocab_size": prepared.vocab_size,
+                "data_dir": str(prepared.dir)}
+        return cls(cfg, dist, engine, train_loader, val_loader, meta)
+
+    # --- checkpoints ------------------------------------------------------------------------------
+    def save(self) -> Path:
+        client = {"tokens_seen": self.tokens_seen, "config": to_dict(self.cfg), "wandb_id": self.wandb_id,
+                  "data": self.data_meta}
+        rank_state = {"loader": self.train_loader.state_dict(), "rng": rng_state()}
+        return self.checkpointer.save(self.step, self.engine, client, rank_state)
+
+    def maybe_resume(self) -> Optional[Path]:
+        path = self.checkpointer.resolve(self.cfg.train.resume)
+        if path is None:
+            return None
+        client = torch.load(path / "client.pt", map_location="cpu", weights_only=False)
+        check_compatible(client["config"], self.cfg, path)
+        if client["data"]["tokenizer_hash"] != self.data_meta["tokenizer_hash"]:
+            raise RuntimeError(f"{path} was trained with another tokenizer ({client['data']['tokenizer_hash']}"
+                               f" vs {self.data_meta['tokenizer_hash']}); resume with the same data.* "
+                               f"settings or start a new run")
+        client, rank_state = self.checkpointer.load(path, self.engine)
+        self.step, self.tokens_seen = client["step"], client["tokens_seen"]
+        self.wandb_id = client.get("wandb_id")
+        self.train_loader.load_state_dict(rank_state["loader"])
+        set_rng_state(rank_state["rng"])
+        return path
+
+    # --- the loop ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        self.engine.model.eval()
+        self.val_loader.reset()
+        total = torch.zeros((), device=self.dist.device)
+        for _ in range(self.cfg.train.eval_steps):
+            total += self.engine.eval_loss(self.val_loader.next_batch()).float()
+        self.engine.model.train()
+        return float(self.dist.all_reduce_mean(total / self.cfg.train.eval_steps))
+
+    def train_step(self) -> dict:
+        """One optimizer step over `accum` micro-batches; values stay on the device."""
+        loss_sum = torch.zeros((), device=self.dist.device)
+        for micro in range(self.accum):
+            batch = self.train_loader.next_batch()
+            loss_sum += self.engine.forward_backward(batch, sync=micro == self.accum - 1).float()
+        stats = self.engine.step()
+        return {"loss": self.dist.all_reduce_mean(loss_sum / self.accum), **stats}
+
+    def fit(self) -> None:
+        cfg, t = self.cfg, self.cfg.train
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        resumed = self.maybe_resume()
+        if self.dist.is_main:
+            save_resolved(cfg, self.run_dir / "config.yaml")
+        peak, peak_src = peak_flops(self.dist.device)
+        meter = ThroughputMeter.from_model(cfg.model, self.tokens_per_step, self.dist.world_size, peak=peak)
+        logger = RunLogger(cfg, self.run_dir, self.dist.rank, t.max_steps, self.step, self.wandb_id)
+        self.wandb_id = logger.wandb_id
+        logger.info(self._banner(resumed, peak_src))
+        deferred = DeferredScalars()
+        stop_at = t.max_steps if t.stop_after is None else min(t.max_steps, self.step + t.stop_after)
+        meter.mark(self.step)
+        try:
+            while self.step < stop_at:
+                values = self.train_step()
+                self.step += 1
+                self.tokens_seen += self.tokens_per_step
+                if logger.should_log(self.step):
+                    timing = meter.mark(self.step) or {}
+                    deferred.push(self.step, {**values, **timing, "tokens_seen": self.tokens_seen,
+                                              **memory_stats(self.dist.device)})
+                for step, metrics in deferred.pop_ready():
+                    logger.log(step, metrics)
+                if self._due(t.eval_interval) and self.val_loader is not None:
+                    logger.log_eval(self.step, {"loss": self.evaluate()})
+                    meter.mark(self.step)  # keep evaluation time out of tokens/s
+                if self._due(t.ckpt_interval) or self.step == stop_at:
+                    for step, metrics in deferred.flush():
+                        logger.log(step, metrics)
+                    path = self.save()
+                    logger.info(f"checkpoint: {path}")
+                    meter.mark(self.step)  # keep checkpoint time out of tokens/s
+            for step, metrics in deferred.flush():
+                logger.log(step, metrics)
+        finally:
+            logger.close()
+            self.train_loader.close()
+
+    def _due(self, interval: int) -> bool:
+        return interval > 0 and self.step % interval == 0
+
+    def _banner(self, resumed: Optional[Path], peak_src: str) -> str:
+        c = self.cfg
+        return (f"run {self.run_dir} | {c.model.n_layer}L d{c.model.d_model} h{c.model.n_head} "
+                f"seq {c.model.seq_len} | {self.engine.model.num_params() / 1e6:.2f}M params | attention "
+                f"{self.engine.model.attention_backend} | {self.dist.world_size} rank(s) on "
+                f"{self.dist.device} | micro-batch {c.train.micro_batch_size} x accum {self.accum} = "
+                f"global {c.train.global_batch_size} seqs | peak: {peak_src} | "
+                + (f"resumed from {resumed} at step {self.step}" if resumed else "fresh start"))
