@@ -1,5 +1,6 @@
 """RunLogger: rank-0 only, metrics.jsonl with resume truncation, W&B offline/disabled/fallbacks."""
 import json
+import time
 import sys
 
 import pytest
@@ -83,6 +84,7 @@ def test_wandb_offline_resume_same_id(tmp_path, isolated_env):
         log.log(2, {"loss": 2.0, "mfu_paper": 0.5})
         wid = log.wandb_id
     assert wid and len(list((run / "wandb").rglob(f"offline-run-*-{wid}"))) == 1
+    time.sleep(1.1)  # W&B names offline folders by the second: a resume within 1 s would reuse it
     with RunLogger(make_cfg(wandb="offline"), run, rank=0, total_steps=4, start_step=2, wandb_id=wid) as log:
         assert log.wandb_id == wid
         log.log(3, {"loss": 1.0})

@@ -1,0 +1,13 @@
+"""flashgpt kernels: our FlashAttention-2 CUDA kernels (forward + backward) as torch.library ops.
+
+    from kernels import flash_attn_func, flash_attn_varlen_func, is_available, unavailable_reason
+
+Importing is cheap and works on a CPU-only machine without nvcc: the CUDA extension is built
+(JIT, cached) on the first kernel call, on is_available(), or with `python -m kernels.build`.
+Note: `kernels` is also the name of an unrelated registry package; this one is the repository's
+folder (installed editable), which a test checks.
+"""
+from .build import is_available, unavailable_reason
+from .flash_attn import flash_attn_func, flash_attn_varlen_func
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "is_available", "unavailable_reason"]

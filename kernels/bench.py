@@ -1,0 +1,138 @@
+"""Kernel sweep of shared/BENCHMARKS.md: ours vs PyTorch SDPA (flash backend) vs SDPA (cuDNN backend).
+
+Same process, same inputs; head dim 64/128, seqlen 512..16k, batch*seqlen = 16k tokens,
+d_model 2048 -> heads = 2048/hdim, bf16, causal and not.
+Timing: CUDA events around each call, warm-up first, median of --reps calls.
+TFLOP/s: FLOPs = 4*batch*heads*seqlen^2*hdim (halved if causal); fwd+bwd = 3.5 x fwd.
+Error column: max |ours - fp32 reference| of the forward output on batch 0, heads 0-1
+(the full fp32 reference at 16k would need tens of GB).
+
+    python -m kernels.bench [--reps 30] [--hdims 64 128] [--seqlens 512 1024 ...] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from kernels import flash_attn_func
+from kernels.reference import attention_ref
+
+TOKENS, D_MODEL = 16384, 2048
+
+
+def time_ms(fn, reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def impls(causal: bool, deterministic: bool = False):
+    def ours(q, k, v):
+        return flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
+
+    def sdpa(backend):
+        def f(q, k, v):
+            with sdpa_kernel(backend):
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                   v.transpose(1, 2), is_causal=causal)
+            return o.transpose(1, 2)
+        return f
+
+    return {"ours": ours, "flash": sdpa(SDPBackend.FLASH_ATTENTION),
+            "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
+
+
+def bench_row(hdim: int, seqlen: int, causal: bool, reps: int, det: bool) -> dict:
+    batch, heads = TOKENS // seqlen, D_MODEL // hdim
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    dout = torch.randn_like(q)
+    flops = 4 * batch * heads * seqlen * seqlen * hdim / (2 if causal else 1)
+    row = {"hdim": hdim, "causal": causal, "seqlen": seqlen, "batch": batch, "heads": heads}
+    fns = impls(causal)
+    if det:
+        fns["ours_det"] = impls(causal, deterministic=True)["ours"]
+    for name, fn in fns.items():
+        try:
+            with torch.no_grad():
+                ms = time_ms(lambda: fn(q, k, v), reps)
+            row[f"{name}_fwd"] = flops / ms / 1e9
+            ms = time_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), reps)
+            row[f"{name}_fwdbwd"] = 3.5 * flops / ms / 1e9
+        except RuntimeError as e:  # e.g. a backend that refuses the shape
+            print(f"  {name} failed: {str(e).splitlines()[0]}")
+            row[f"{name}_fwd"] = row[f"{name}_fwdbwd"] = float("nan")
+    with torch.no_grad():
+        qs, ks, vs = (t[:1, :, :2].detach() for t in (q, k, v))
+        ref, _ = attention_ref(qs.float(), ks.float(), vs.float(), causal)
+        row["err"] = (flash_attn_func(qs, ks, vs, causal=causal).float() - ref).abs().max().item()
+        cud = fns["flash"](qs, ks, vs)
+        row["err_flash"] = (cud.float() - ref).abs().max().item()
+        del ref
+    torch.cuda.empty_cache()
+    return row
+
+
+def table(rows: list[dict], det: bool) -> str:
+    head = ("| hdim | causal | seqlen | batch×heads | ours fwd | flash fwd | cudnn fwd | ours/flash | "
+            "ours/cudnn | ours f+b | flash f+b | cudnn f+b | ours/flash f+b | ours/cudnn f+b |"
+            + (" ours det f+b |" if det else "") + " max err (flash err) |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        cells = [r["hdim"], "yes" if r["causal"] else "no", r["seqlen"], f"{r['batch']}×{r['heads']}",
+                 f"{r['ours_fwd']:.0f}", f"{r['flash_fwd']:.0f}", f"{r['cudnn_fwd']:.0f}",
+                 f"{r['ours_fwd'] / r['flash_fwd']:.2f}", f"{r['ours_fwd'] / r['cudnn_fwd']:.2f}",
+                 f"{r['ours_fwdbwd']:.0f}", f"{r['flash_fwdbwd']:.0f}", f"{r['cudnn_fwdbwd']:.0f}",
+                 f"{r['ours_fwdbwd'] / r['flash_fwdbwd']:.2f}", f"{r['ours_fwdbwd'] / r['cudnn_fwdbwd']:.2f}"]
+        if det:
+            cells.append(f"{r['ours_det_fwdbwd']:.0f}")
+        cells.append(f"{r['err']:.1e} ({r['err_flash']:.1e})")
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--det", action="store_true", help="also time the deterministic backward")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"cuDNN {torch.backends.cudnn.version()}")
+    rows = []
+    for hdim in args.hdims:
+        for causal in args.causal:
+            for s in args.seqlens:
+                r = bench_row(hdim, s, bool(causal), args.reps, args.det)
+                print(f"  hdim {hdim} causal {causal} seqlen {s}: ours {r['ours_fwd']:.0f}/"
+                      f"{r['ours_fwdbwd']:.0f}  flash {r['flash_fwd']:.0f}/{r['flash_fwdbwd']:.0f}  "
+                      f"cudnn {r['cudnn_fwd']:.0f}/{r['cudnn_fwdbwd']:.0f} TFLOP/s  err {r['err']:.1e}",
+                      flush=True)
+                rows.append(r)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    print("\nTFLOP/s (fwd; f+b = fwd+bwd), bf16, batch*seqlen = 16k tokens, d_model 2048\n")
+    print(table(rows, args.det))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,316 @@
+// FlashAttention-2 backward main kernel.
+//
+// Grid: x = batch*heads (query heads), y = key block (the SLOW axis: blocks of low key index, which
+// under a causal mask have the most work and, in deterministic mode, must add to dQ first, are
+// dispatched first). Block: kNWarps warps, each owning kMTiles 16-key slabs of the key block.
+//
+// For key block j (K_j, V_j in shared memory for the whole loop; dK_j, dV_j in fp32 registers),
+// for each query block i (causal: from the first that can see key block j):
+//   S^T  = K_j Q_i^T                 P^T = exp2(S^T*scale_log2 - LSE_i*log2e)   (recomputed)
+//   dP^T = V_j dO_i^T                dS^T = P^T o (dP^T - D_i)
+//   dV_j += P^T dO_i                 dK_j += dS^T Q_i         (A operands straight from registers)
+//   dQ_i += dS_i K_j  (dS^T through shared memory; fp32 atomics into dq_accum)
+// Working with S^T (keys as rows) instead of S lets P^T and dS^T feed the dV/dK products from
+// registers; only dQ needs the transpose, read back with ldmatrix.trans.
+// dK is multiplied by the softmax scale at the end; dQ in the post-pass.
+//
+// Ragged edges need no explicit mask here: out-of-range Q/dO/K/V rows and LSE/D entries are
+// zero-filled, which makes every contribution they could make exactly zero.
+#pragma once
+#include "flash.h"
+#include "flash_fwd_kernel.h"  // SeqInfo
+#include "kernel_traits.h"
+
+namespace flash {
+
+template <typename Kt, bool Is_causal, bool Is_even>
+__global__ void __launch_bounds__(Kt::kNThreads, 1)
+flash_bwd_kernel(const Flash_bwd_params params) {
+    using T = typename Kt::T;
+    constexpr int BM = Kt::kBlockM, BN = Kt::kBlockN, D = Kt::kHeadDim;
+    constexpr int NT = Kt::kNThreads, MT = Kt::kMTiles, S = Kt::kSmemStride;
+    constexpr int SDS = Kt::kSmemDSStride;
+    constexpr int SN = BM / 8;  // n8 tiles of S^T (columns = queries) per 16-key slab
+    constexpr int ON = D / 8;   // n8 tiles of dK / dV per slab
+    constexpr int QN = Kt::kDQCols / 8;
+    constexpr float kLog2e = 1.4426950408889634f;
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T *sK = reinterpret_cast<T *>(smem_raw);          // (BN, S)
+    T *sV = sK + Kt::kSmemKVElems;                    // (BN, S)
+    T *sQ = sV + Kt::kSmemKVElems;                    // 2 x (BM, S)
+    T *sdO = sQ + 2 * Kt::kSmemQElems;                // 2 x (BM, S)
+    T *sdS = sdO + 2 * Kt::kSmemQElems;               // (BN, SDS): dS^T, keys x queries
+    float *sLSE = reinterpret_cast<float *>(sdS + Kt::kSmemDSElems);  // 2 x BM
+    float *sDsum = sLSE + 2 * BM;                                       // 2 x BM
+
+    const int n_block = blockIdx.y;
+    const int b = blockIdx.x / params.h, h = blockIdx.x % params.h;
+    const int h_k = h / params.h_h_k_ratio;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+
+    const SeqInfo seq(params, b);
+    if (n_block * BN >= seq.sk) return;
+    const int keys_left = seq.sk - n_block * BN;
+
+    const T *q_ptr = reinterpret_cast<const T *>(params.q_ptr) +
+                     seq.q_off(params, params.q_batch_stride, params.q_row_stride, params.q_head_stride, b, h);
+    const T *do_ptr = reinterpret_cast<const T *>(params.do_ptr) +
+                      seq.q_off(params, params.do_batch_stride, params.do_row_stride, params.do_head_stride, b, h);
+    const T *k_ptr = reinterpret_cast<const T *>(params.k_ptr) +
+                     seq.k_off(params, params.k_batch_stride, params.k_row_stride, params.k_head_stride, b, h_k) +
+                     int64_t(n_block) * BN * params.k_row_stride;
+    const T *v_ptr = reinterpret_cast<const T *>(params.v_ptr) +
+                     seq.k_off(params, params.v_batch_stride, params.v_row_stride, params.v_head_stride, b, h_k) +
+                     int64_t(n_block) * BN * params.v_row_stride;
+    T *dk_ptr = reinterpret_cast<T *>(params.dk_ptr) +
+                seq.k_off(params, params.dk_batch_stride, params.dk_row_stride, params.dk_head_stride, b, h) +
+                int64_t(n_block) * BN * params.dk_row_stride;
+    T *dv_ptr = reinterpret_cast<T *>(params.dv_ptr) +
+                seq.k_off(params, params.dv_batch_stride, params.dv_row_stride, params.dv_head_stride, b, h) +
+                int64_t(n_block) * BN * params.dv_row_stride;
+    // dq_accum: contiguous (b, seqlen_q, h, D) or (total_q, h, D) fp32.
+    const int64_t dq_row_stride = int64_t(params.h) * D;
+    float *dq_ptr = params.dq_accum_ptr +
+                    seq.q_off(params, int64_t(params.seqlen_q) * dq_row_stride, dq_row_stride, D, b, h);
+    const float *lse_ptr = params.lse_ptr + seq.lse_off(params, b, h);
+    const float *dsum_ptr = params.dsoftmax_sum_ptr + seq.lse_off(params, b, h);
+
+    const int causal_off = seq.sk - seq.sq;  // bottom-right alignment
+    const int m_block_min = Is_causal ? max(0, n_block * BN - causal_off) / BM : 0;
+    const int m_block_max = cdiv(seq.sq, BM);
+
+    auto load_q_block = [&](int m, int buf) {
+        const int rows = seq.sq - m * BM;
+        load_tile_async<BM, D, S, NT, Is_even>(sQ + buf * Kt::kSmemQElems,
+                                               q_ptr + int64_t(m) * BM * params.q_row_stride,
+                                               params.q_row_stride, rows, tid);
+        load_tile_async<BM, D, S, NT, Is_even>(sdO + buf * Kt::kSmemQElems,
+                                               do_ptr + int64_t(m) * BM * params.do_row_stride,
+                                               params.do_row_stride, rows, tid);
+        if (tid < BM) {
+            const bool ok = tid < rows;
+            const int i = ok ? m * BM + tid : 0;
+            cp_async_4(smem_u32(sLSE + buf * BM + tid), lse_ptr + i, ok);
+            cp_async_4(smem_u32(sDsum + buf * BM + tid), dsum_ptr + i, ok);
+        }
+    };
+
+    // ---- prologue: K_j, V_j and the first query block -----------------------------------------
+    load_tile_async<BN, D, S, NT, Is_even>(sK, k_ptr, params.k_row_stride, keys_left, tid);
+    load_tile_async<BN, D, S, NT, Is_even>(sV, v_ptr, params.v_row_stride, keys_left, tid);
+    if (m_block_min < m_block_max) load_q_block(m_block_min, 0);
+    cp_async_commit();
+
+    float acc_dk[MT][ON][4], acc_dv[MT][ON][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < ON; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dk[mt][j][e] = acc_dv[mt][j][e] = 0.f;
+
+    const float scale_log2 = params.scale_softmax_log2;
+    const int warp_row0 = warp * MT * 16;  // first key (in the block) owned by this warp
+    const int dq_wm = warp % Kt::kDQWarpsM, dq_wn = warp / Kt::kDQWarpsM;
+    const int num_m_blocks_grid = cdiv(params.seqlen_q, BM);
+
+    for (int m = m_block_min, it = 0; m < m_block_max; ++m, ++it) {
+        const int buf = it & 1;
+        if (m + 1 < m_block_max) load_q_block(m + 1, buf ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const T *sQb = sQ + buf * Kt::kSmemQElems;
+        const T *sdOb = sdO + buf * Kt::kSmemQElems;
+        const float *sLSEb = sLSE + buf * BM;
+        const float *sDb = sDsum + buf * BM;
+
+        // ---- S^T = K Q^T and dP^T = V dO^T : (16*MT x BM) per warp -------------------------------
+        float acc_s[MT][SN][4], acc_dp[MT][SN][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int j = 0; j < SN; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_s[mt][j][e] = acc_dp[mt][j][e] = 0.f;
+#pragma unroll 1  // ks indexes no register array: rolled, to save registers
+        for (int ks = 0; ks < D / 16; ++ks) {
+            uint32_t ak[MT][4], av[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                const int r = warp_row0 + mt * 16 + (lane % 16);
+                const int c = ks * 16 + (lane / 16) * 8;
+                ldmatrix_x4(ak[mt], smem_u32(sK + r * S + c));
+                ldmatrix_x4(av[mt], smem_u32(sV + r * S + c));
+            }
+#pragma unroll
+            for (int np = 0; np < SN / 2; ++np) {
+                uint32_t bq[4], bdo[4];
+                const int r = np * 16 + (lane / 16) * 8 + (lane % 8);
+                const int c = ks * 16 + ((lane / 8) % 2) * 8;
+                ldmatrix_x4(bq, smem_u32(sQb + r * S + c));
+                ldmatrix_x4(bdo, smem_u32(sdOb + r * S + c));
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma<T>(acc_s[mt][2 * np], ak[mt], bq[0], bq[1]);
+                    mma<T>(acc_s[mt][2 * np + 1], ak[mt], bq[2], bq[3]);
+                    mma<T>(acc_dp[mt][2 * np], av[mt], bdo[0], bdo[1]);
+                    mma<T>(acc_dp[mt][2 * np + 1], av[mt], bdo[2], bdo[3]);
+                }
+            }
+        }
+
+        // ---- P^T (recomputed from LSE) and dS^T = P^T o (dP^T - D) -------------------------------
+        const bool need_mask = Is_causal && (n_block * BN + BN - 1 > m * BM + causal_off);
+#pragma unroll
+        for (int j = 0; j < SN; ++j) {
+#pragma unroll
+            for (int e1 = 0; e1 < 2; ++e1) {
+                const int qc = j * 8 + 2 * t + e1;  // query column in the block
+                const float lse_l2 = sLSEb[qc] * kLog2e;
+                const float dsum = sDb[qc];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                    for (int hr = 0; hr < 2; ++hr) {
+                        const int e = 2 * hr + e1;
+                        float p = exp2f(acc_s[mt][j][e] * scale_log2 - lse_l2);
+                        if (need_mask) {
+                            const int key = n_block * BN + warp_row0 + mt * 16 + g + hr * 8;
+                            if (key > m * BM + qc + causal_off) p = 0.f;
+                        }
+                        acc_s[mt][j][e] = p;
+                        acc_dp[mt][j][e] = p * (acc_dp[mt][j][e] - dsum);
+                    }
+                }
+            }
+        }
+
+        // ---- dV += P^T dO and dK += dS^T Q (k = queries; B via ldmatrix.trans) -------------------
+#pragma unroll
+        for (int kc = 0; kc < BM / 16; ++kc) {
+            uint32_t ap[MT][4], ads[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                ap[mt][0] = pack2<T>(acc_s[mt][2 * kc][0], acc_s[mt][2 * kc][1]);
+                ap[mt][1] = pack2<T>(acc_s[mt][2 * kc][2], acc_s[mt][2 * kc][3]);
+                ap[mt][2] = pack2<T>(acc_s[mt][2 * kc + 1][0], acc_s[mt][2 * kc + 1][1]);
+                ap[mt][3] = pack2<T>(acc_s[mt][2 * kc + 1][2], acc_s[mt][2 * kc + 1][3]);
+                ads[mt][0] = pack2<T>(acc_dp[mt][2 * kc][0], acc_dp[mt][2 * kc][1]);
+                ads[mt][1] = pack2<T>(acc_dp[mt][2 * kc][2], acc_dp[mt][2 * kc][3]);
+                ads[mt][2] = pack2<T>(acc_dp[mt][2 * kc + 1][0], acc_dp[mt][2 * kc + 1][1]);
+                ads[mt][3] = pack2<T>(acc_dp[mt][2 * kc + 1][2], acc_dp[mt][2 * kc + 1][3]);
+                // dS^T (16-bit) to shared memory for the dQ product; each warp writes its own rows.
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    const int r = warp_row0 + mt * 16 + g + hr * 8;
+                    *reinterpret_cast<uint32_t *>(sdS + r * SDS + kc * 16 + 2 * t) = ads[mt][hr];
+                    *reinterpret_cast<uint32_t *>(sdS + r * SDS + kc * 16 + 8 + 2 * t) = ads[mt][2 + hr];
+                }
+            }
+#pragma unroll
+            for (int dp = 0; dp < ON / 2; ++dp) {
+                uint32_t bdo[4], bq[4];
+                const int r = kc * 16 + ((lane / 8) % 2) * 8 + (lane % 8);
+                const int c = dp * 16 + (lane / 16) * 8;
+                ldmatrix_x4_trans(bdo, smem_u32(sdOb + r * S + c));
+                ldmatrix_x4_trans(bq, smem_u32(sQb + r * S + c));
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma<T>(acc_dv[mt][2 * dp], ap[mt], bdo[0], bdo[1]);
+                    mma<T>(acc_dv[mt][2 * dp + 1], ap[mt], bdo[2], bdo[3]);
+                    mma<T>(acc_dk[mt][2 * dp], ads[mt], bq[0], bq[1]);
+                    mma<T>(acc_dk[mt][2 * dp + 1], ads[mt], bq[2], bq[3]);
+                }
+            }
+        }
+        __syncthreads();  // dS^T complete in shared memory
+
+        // ---- dQ_i += dS K : warp (dq_wm, dq_wn) computes rows dq_wm*16.. , cols dq_wn*kDQCols.. ---
+        float acc_dq[QN][4];
+#pragma unroll
+        for (int j = 0; j < QN; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dq[j][e] = 0.f;
+#pragma unroll
+        for (int kc = 0; kc < BN / 16; ++kc) {
+            // A = dS (queries x keys) read transposed from dS^T:
+            // matrices (keys 0-7, q 0-7), (keys 0-7, q 8-15), (keys 8-15, q 0-7), (keys 8-15, q 8-15)
+            uint32_t a[4];
+            {
+                const int r = kc * 16 + (lane / 16) * 8 + (lane % 8);
+                const int c = dq_wm * 16 + ((lane / 8) % 2) * 8;
+                ldmatrix_x4_trans(a, smem_u32(sdS + r * SDS + c));
+            }
+#pragma unroll
+            for (int dp = 0; dp < QN / 2; ++dp) {
+                uint32_t bk[4];
+                const int r = kc * 16 + ((lane / 8) % 2) * 8 + (lane % 8);
+                const int c = dq_wn * Kt::kDQCols + dp * 16 + (lane / 16) * 8;
+                ldmatrix_x4_trans(bk, smem_u32(sK + r * S + c));
+                mma<T>(acc_dq[2 * dp], a, bk[0], bk[1]);
+                mma<T>(acc_dq[2 * dp + 1], a, bk[2], bk[3]);
+            }
+        }
+
+        int *sem = nullptr;
+        if (params.deterministic) {
+            // Key blocks 0, 1, 2, ... add to dQ_i strictly in that order: a fixed summation order.
+            sem = params.dq_semaphore + (int64_t(b) * params.h + h) * num_m_blocks_grid + m;
+            if (tid == 0) {
+                while (*reinterpret_cast<volatile int *>(sem) != n_block) { }
+                __threadfence();
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const int q = m * BM + dq_wm * 16 + g + hr * 8;
+            if (q < seq.sq) {
+                float *row = dq_ptr + int64_t(q) * dq_row_stride + dq_wn * Kt::kDQCols + 2 * t;
+#pragma unroll
+                for (int j = 0; j < QN; ++j) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                    atomicAdd(reinterpret_cast<float2 *>(row + j * 8),
+                              make_float2(acc_dq[j][2 * hr], acc_dq[j][2 * hr + 1]));
+#else
+                    atomicAdd(row + j * 8, acc_dq[j][2 * hr]);
+                    atomicAdd(row + j * 8 + 1, acc_dq[j][2 * hr + 1]);
+#endif
+                }
+            }
+        }
+        if (params.deterministic) {
+            __threadfence();
+            __syncthreads();
+            if (tid == 0) atomicAdd(sem, 1);
+        }
+        // No trailing barrier needed: the next writes to sdS / this buffer come after the next
+        // iteration's first __syncthreads, which every thread reaches only after finishing here.
+    }
+
+    // ---- epilogue: dK (times the softmax scale) and dV via shared memory (sK, sV reused) ---------
+    cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const int r = warp_row0 + mt * 16 + g + hr * 8;
+#pragma unroll
+            for (int j = 0; j < ON; ++j) {
+                *reinterpret_cast<uint32_t *>(sK + r * S + j * 8 + 2 * t) =
+                    pack2<T>(acc_dk[mt][j][2 * hr] * params.scale_softmax,
+                             acc_dk[mt][j][2 * hr + 1] * params.scale_softmax);
+                *reinterpret_cast<uint32_t *>(sV + r * S + j * 8 + 2 * t) =
+                    pack2<T>(acc_dv[mt][j][2 * hr], acc_dv[mt][j][2 * hr + 1]);
+            }
+        }
+    __syncthreads();
+    store_tile<BN, D, S, NT>(dk_ptr, sK, params.dk_row_stride, keys_left, tid);
+    store_tile<BN, D, S, NT>(dv_ptr, sV, params.dv_row_stride, keys_left, tid);
+}
+
+}  // namespace flash

@@ -1,0 +1,40 @@
+// Backward launch templates: main kernel grid and tile choice per head dim.
+// (The pre-pass / post-pass launchers are in flash_bwd_pre_post.cu.)
+#pragma once
+#include "flash.h"
+#include "flash_bwd_kernel.h"
+#include "kernel_traits.h"
+#include "static_switch.h"
+
+template <typename Kt, bool Is_causal>
+void run_flash_bwd(Flash_bwd_params &params, cudaStream_t stream) {
+    const int num_n_blocks = flash::cdiv(params.seqlen_k, Kt::kBlockN);
+    // y = key block is the slow axis: low key blocks are dispatched first (deterministic mode
+    // waits on them, and under a causal mask they carry the most query blocks).
+    dim3 grid(params.b * params.h, num_n_blocks);
+    const bool is_even = params.cu_seqlens_q == nullptr && params.seqlen_q % Kt::kBlockM == 0 &&
+                         params.seqlen_k % Kt::kBlockN == 0;
+    BOOL_SWITCH(is_even, Is_even, [&] {
+        auto kernel = &flash::flash_bwd_kernel<Kt, Is_causal, Is_even>;
+        constexpr int smem = Kt::kSmemBytes;
+        if (smem > 48 * 1024) {
+            FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        }
+        kernel<<<grid, Kt::kNThreads, smem, stream>>>(params);
+        FLASH_KERNEL_LAUNCH_CHECK();
+    });
+}
+
+// Tiles: (query rows per step, keys per block, warps).
+template <typename T, bool Is_causal>
+void run_mha_bwd_hdim64(Flash_bwd_params &params, cudaStream_t stream) {
+    run_flash_bwd<Flash_bwd_kernel_traits<64, 64, 128, 8, T>, Is_causal>(params, stream);
+}
+template <typename T, bool Is_causal>
+void run_mha_bwd_hdim96(Flash_bwd_params &params, cudaStream_t stream) {
+    run_flash_bwd<Flash_bwd_kernel_traits<96, 64, 128, 8, T>, Is_causal>(params, stream);
+}
+template <typename T, bool Is_causal>
+void run_mha_bwd_hdim128(Flash_bwd_params &params, cudaStream_t stream) {
+    run_flash_bwd<Flash_bwd_kernel_traits<128, 64, 128, 8, T>, Is_causal>(params, stream);
+}

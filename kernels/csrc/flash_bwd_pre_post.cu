@@ -1,0 +1,24 @@
+// Launchers for the backward pre-pass and post-pass (both element types). Torch-free.
+#include "flash_bwd_preprocess.h"
+
+template <typename T>
+void run_bwd_preprocess(Flash_bwd_params &params, cudaStream_t stream) {
+    dim3 grid(flash::cdiv(params.seqlen_q, flash::kPreRowsPerBlock), params.h, params.b);
+    flash::flash_bwd_preprocess_kernel<T><<<grid, 32 * flash::kPreRowsPerBlock, 0, stream>>>(params);
+    FLASH_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T>
+void run_bwd_convert_dq(Flash_bwd_params &params, cudaStream_t stream) {
+    const int64_t n4 = int64_t(params.total_q) * params.h * params.d / 4;  // d % 32 == 0
+    const int threads = 256;
+    const int64_t blocks = std::min<int64_t>((n4 + threads - 1) / threads, 132 * 16);
+    flash::flash_bwd_convert_dq_kernel<T><<<int(blocks), threads, 0, stream>>>(
+        params.dq_accum_ptr, reinterpret_cast<T *>(params.dq_ptr), n4, params.scale_softmax);
+    FLASH_KERNEL_LAUNCH_CHECK();
+}
+
+template void run_bwd_preprocess<__nv_bfloat16>(Flash_bwd_params &, cudaStream_t);
+template void run_bwd_preprocess<__half>(Flash_bwd_params &, cudaStream_t);
+template void run_bwd_convert_dq<__nv_bfloat16>(Flash_bwd_params &, cudaStream_t);
+template void run_bwd_convert_dq<__half>(Flash_bwd_params &, cudaStream_t);

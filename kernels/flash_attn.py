@@ -1,0 +1,240 @@
+"""torch.library custom ops around our FlashAttention-2 kernels, and the public functions.
+
+Ops (schema via torch.library.custom_op; fake kernels for torch.compile; autograd registered):
+    flashgpt::fwd(q, k, v, cu_seqlens_q?, cu_seqlens_k?, max_seqlen_q, max_seqlen_k,
+                  softmax_scale, causal, deterministic) -> (out, lse)
+    flashgpt::bwd(dout, q, k, v, out, lse, cu_seqlens_q?, cu_seqlens_k?, max_seqlen_q,
+                  max_seqlen_k, softmax_scale, causal, deterministic) -> (dq, dk, dv)
+
+Shapes: dense q (batch, seqlen_q, heads, d), k/v (batch, seqlen_k, heads_k, d), heads % heads_k == 0.
+Varlen: q (total_q, heads, d), k/v (total_k, heads_k, d), cu_seqlens int32 (batch + 1).
+lse: (batch, heads, seqlen_q) dense, (heads, total_q) varlen; fp32, natural log; +inf for rows
+that see no key (causal with seqlen_q > seqlen_k), whose output is 0.
+
+Head dims: the kernels are compiled for 64, 96 and 128; any other d <= 128 is zero-padded
+up to the next of these here (e.g. 80 -> 96; zero columns change no dot product and give zero
+output columns, which are sliced off). softmax_scale defaults to 1/sqrt(d) of the ORIGINAL d.
+
+Building happens on the first call (see kernels/build.py); importing this module never builds.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import build as _build
+
+_SUPPORTED_HDIMS = (64, 96, 128)
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _ext():
+    return _build.load_extension()
+
+
+# ---------------------------------------------------------------------------------------------
+# Ops
+# ---------------------------------------------------------------------------------------------
+@torch.library.custom_op("flashgpt::fwd", mutates_args=())
+def _fwd_op(
+    q: Tensor, k: Tensor, v: Tensor,
+    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+    max_seqlen_q: int, max_seqlen_k: int,
+    softmax_scale: float, causal: bool, deterministic: bool,
+) -> tuple[Tensor, Tensor]:
+    if not q.is_cuda:
+        raise ValueError(_device_message(q.device))
+    out, lse = _ext().fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          softmax_scale, causal)
+    return out, lse
+
+
+@_fwd_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+      deterministic):
+    out = q.new_empty(q.shape)
+    if cu_seqlens_q is not None:
+        lse = q.new_empty((q.shape[-2], q.shape[0]), dtype=torch.float32)
+    else:
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("flashgpt::bwd", mutates_args=())
+def _bwd_op(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+    max_seqlen_q: int, max_seqlen_k: int,
+    softmax_scale: float, causal: bool, deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    if not q.is_cuda:
+        raise ValueError(_device_message(q.device))
+    dq, dk, dv = _ext().bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                            max_seqlen_k, softmax_scale, causal, deterministic)
+    return dq, dk, dv
+
+
+@_bwd_op.register_fake
+def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+      softmax_scale, causal, deterministic):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.args = (max_q, max_k, scale, causal, deterministic)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, dlse):
+    # dlse is ignored: the LSE output is not differentiable (documented in flash_attn_func).
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    max_q, max_k, scale, causal, deterministic = ctx.args
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = _bwd_op(dout.contiguous() if dout.stride(-1) != 1 else dout, q, k, v, out, lse,
+                         cu_q, cu_k, max_q, max_k, scale, causal, deterministic)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation (metadata only: traceable by torch.compile, no device sync)
+# ---------------------------------------------------------------------------------------------
+def _device_message(device) -> str:
+    why = "" if torch.cuda.is_available() else " (and CUDA is not available in this process)"
+    return (
+        f"flashgpt flash attention needs CUDA tensors, got device '{device}'{why}. "
+        "Fix: move q, k, v to a GPU with .cuda(), or on CPU use kernels.reference.attention_ref "
+        "or torch.nn.functional.scaled_dot_product_attention."
+    )
+
+
+def _padded_hdim(d: int) -> int:
+    for p in _SUPPORTED_HDIMS:
+        if d <= p:
+            return p
+    raise ValueError(
+        f"flashgpt flash attention: head dim {d} > 128 is not supported (kernels exist for "
+        "64, 96 and 128; smaller dims are zero-padded). Fix: use head dim <= 128."
+    )
+
+
+def _validate(q: Tensor, k: Tensor, v: Tensor, ndim: int, name: str, check_device: bool = True) -> None:
+    for t, n in ((q, "q"), (k, "k"), (v, "v")):
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name}: {n} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in _DTYPES:
+            raise ValueError(f"{name}: {n} has dtype {t.dtype}; supported: float16, bfloat16. "
+                             "Fix: cast with .to(torch.bfloat16) (or run under autocast).")
+        if t.dim() != ndim:
+            layout = "(batch, seqlen, heads, headdim)" if ndim == 4 else "(total_tokens, heads, headdim)"
+            raise ValueError(f"{name}: {n} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
+        if t.numel() == 0:
+            raise ValueError(f"{name}: {n} is empty (shape {tuple(t.shape)}); every dim must be > 0")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: {n}'s last dim must be contiguous (stride 1), got stride "
+                             f"{t.stride(-1)}. Fix: call .contiguous() first.")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"{name}: q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"{name}: q, k, v are on different devices")
+    if k.shape != v.shape:
+        raise ValueError(f"{name}: k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"{name}: head dims differ: q {q.shape[-1]}, k {k.shape[-1]}")
+    if ndim == 4 and q.shape[0] != k.shape[0]:
+        raise ValueError(f"{name}: batch sizes differ: q {q.shape[0]}, k {k.shape[0]}")
+    hq, hk = q.shape[-2], k.shape[-2]
+    if hq % hk != 0:
+        raise ValueError(f"{name}: q heads ({hq}) must be a multiple of k/v heads ({hk}) "
+                         "(grouped-query attention)")
+    _padded_hdim(q.shape[-1])
+    if check_device:
+        _check_device(q, k, v, name)
+
+
+def _check_device(q: Tensor, k: Tensor, v: Tensor, name: str) -> None:
+    # Checked last, so that every other check also runs (and is tested) on a CPU-only machine.
+    for t, n in ((q, "q"), (k, "k"), (v, "v")):
+        if t.device.type != "cuda":
+            raise ValueError(f"{name}: {n} is on '{t.device}'. " + _device_message(t.device))
+
+
+def _scale(softmax_scale: Optional[float], d: int) -> float:
+    if softmax_scale is None:
+        return d ** -0.5
+    if not softmax_scale > 0:
+        raise ValueError(f"softmax_scale must be > 0, got {softmax_scale}")
+    return float(softmax_scale)
+
+
+def _pad(t: Tensor, d_pad: int) -> Tensor:
+    return t if t.shape[-1] == d_pad else F.pad(t, (0, d_pad - t.shape[-1]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Public functions
+# ---------------------------------------------------------------------------------------------
+def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
+                    softmax_scale: Optional[float] = None, deterministic: bool = False,
+                    return_lse: bool = False):
+    """Scaled dot-product attention with our FlashAttention-2 kernels.
+
+    q: (batch, seqlen_q, heads, d); k, v: (batch, seqlen_k, heads_k, d); bf16/fp16 CUDA.
+    causal: bottom-right aligned mask (query i sees keys j <= i + seqlen_k - seqlen_q).
+    deterministic: backward adds dQ contributions in a fixed order (bit-repeatable, slower).
+    return_lse: also return the fp32 log-sum-exp (batch, heads, seqlen_q) (not differentiable).
+    """
+    _validate(q, k, v, 4, "flash_attn_func")
+    d = q.shape[-1]
+    scale = _scale(softmax_scale, d)
+    d_pad = _padded_hdim(d)
+    out, lse = _fwd_op(_pad(q, d_pad), _pad(k, d_pad), _pad(v, d_pad), None, None,
+                       q.shape[1], k.shape[1], scale, bool(causal), bool(deterministic))
+    if d_pad != d:
+        out = out[..., :d]
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                           cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                           causal: bool = False, softmax_scale: Optional[float] = None,
+                           deterministic: bool = False, return_lse: bool = False):
+    """Attention over packed sequences: no token attends across a cu_seqlens boundary.
+
+    q: (total_q, heads, d); k, v: (total_k, heads_k, d); cu_seqlens_*: int32 (batch + 1),
+    starting at 0, non-decreasing, last = total tokens; max_seqlen_*: the longest sequence.
+    lse (if returned): (heads, total_q) fp32.
+    """
+    name = "flash_attn_varlen_func"
+    _validate(q, k, v, 3, name, check_device=False)
+    for c, n in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
+        if not isinstance(c, Tensor) or c.dim() != 1 or c.dtype != torch.int32:
+            raise ValueError(f"{name}: {n} must be a 1-D int32 tensor")
+        if c.device != q.device:
+            raise ValueError(f"{name}: {n} is on {c.device}, q on {q.device}")
+        if c.numel() < 2:
+            raise ValueError(f"{name}: {n} needs at least 2 entries (batch + 1)")
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(f"{name}: cu_seqlens_q has {cu_seqlens_q.numel()} entries but "
+                         f"cu_seqlens_k has {cu_seqlens_k.numel()}: both must be batch + 1")
+    if max_seqlen_q <= 0 or max_seqlen_k <= 0:
+        raise ValueError(f"{name}: max_seqlen_q/k must be > 0")
+    _check_device(q, k, v, name)
+    d = q.shape[-1]
+    scale = _scale(softmax_scale, d)
+    d_pad = _padded_hdim(d)
+    out, lse = _fwd_op(_pad(q, d_pad), _pad(k, d_pad), _pad(v, d_pad),
+                       cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
+                       int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), bool(deterministic))
+    if d_pad != d:
+        out = out[..., :d]
+    return (out, lse) if return_lse else out

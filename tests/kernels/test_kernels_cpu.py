@@ -1,0 +1,114 @@
+"""CPU-runnable checks: import, availability, clear errors, validation, reference math."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernels
+from kernels.reference import attention_ref, attention_varlen_ref
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_import_is_ours_and_cheap():
+    assert Path(kernels.__file__).resolve().parent == REPO / "kernels"
+    from kernels import build
+    assert build._ext is None or torch.cuda.is_available()  # importing never builds
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only behaviour")
+def test_unavailable_on_cpu():
+    assert kernels.is_available() is False
+    reason = kernels.unavailable_reason()
+    assert "CUDA is not available" in reason
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only behaviour")
+def test_cpu_tensors_clear_error():
+    q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="needs CUDA tensors.*Fix"):
+        kernels.flash_attn_func(q, q, q)
+
+
+def _qkv(b=1, s=8, h=2, d=64, dtype=torch.bfloat16, hk=None):
+    hk = hk or h
+    return (torch.randn(b, s, h, d, dtype=dtype), torch.randn(b, s, hk, d, dtype=dtype),
+            torch.randn(b, s, hk, d, dtype=dtype))
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: _qkv(dtype=torch.float32), "dtype"),
+    (lambda: _qkv(d=160), "head dim 160 > 128"),
+    (lambda: (torch.randn(1, 8, 2, 64, dtype=torch.bfloat16),) + _qkv(s=8, d=32)[1:], "head dims differ"),
+    (lambda: _qkv(h=3, hk=2), "multiple"),
+    (lambda: _qkv(s=0), "empty"),
+    (lambda: tuple(t.transpose(-1, -2) for t in _qkv(d=8, s=8)) , "last dim must be contiguous"),
+    (lambda: (torch.randn(8, 2, 64, dtype=torch.bfloat16),) * 3, "4-D"),
+])
+def test_validation_value_errors(make, match):
+    q, k, v = make()
+    with pytest.raises(ValueError, match=match):
+        kernels.flash_attn_func(q, k, v)
+
+
+def test_varlen_mismatched_cu_seqlens():
+    q = torch.randn(10, 2, 64, dtype=torch.bfloat16)
+    cu_q = torch.tensor([0, 4, 10], dtype=torch.int32)
+    cu_k = torch.tensor([0, 10], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seqlens_q has 3 entries"):
+        kernels.flash_attn_varlen_func(q, q, q, cu_q, cu_k, 6, 10)
+    with pytest.raises(ValueError, match="int32"):
+        kernels.flash_attn_varlen_func(q, q, q, cu_q.long(), cu_q.long(), 6, 6)
+
+
+def _naive(q, k, v, causal, scale):
+    """Loop-per-row attention in float64 (independent of attention_ref's vectorised code)."""
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    out = torch.zeros(b, sq, h, d, dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            kh = hi // (h // hk)
+            for i in range(sq):
+                s = [(q[bi, i, hi].double() @ k[bi, j, kh].double()) * scale for j in range(sk)
+                     if not causal or j <= i + sk - sq]
+                if not s:
+                    continue
+                s = torch.stack(s)
+                p = torch.softmax(s, 0)
+                out[bi, i, hi] = (p[:, None] * v[bi, :len(s), kh].double()).sum(0)
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk,h,hk", [(5, 5, 2, 2), (7, 4, 4, 2), (3, 9, 2, 1)])
+def test_reference_matches_naive(causal, sq, sk, h, hk):
+    torch.manual_seed(0)
+    q = torch.randn(2, sq, h, 16)
+    k = torch.randn(2, sk, hk, 16)
+    v = torch.randn(2, sk, hk, 16)
+    out, lse = attention_ref(q, k, v, causal=causal, softmax_scale=0.3)
+    ref = _naive(q, k, v, causal, 0.3)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    assert lse.shape == (2, h, sq)
+
+
+def test_varlen_reference_is_per_sequence():
+    torch.manual_seed(1)
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    q, k, v = (torch.randn(8, 2, 16) for _ in range(3))
+    out, lse = attention_varlen_ref(q, k, v, cu, cu, causal=True)
+    o1, _ = attention_ref(q[None, :3], k[None, :3], v[None, :3], causal=True)
+    o2, _ = attention_ref(q[None, 3:], k[None, 3:], v[None, 3:], causal=True)
+    torch.testing.assert_close(out, torch.cat([o1[0], o2[0]]))
+    assert lse.shape == (2, 8)
+
+
+def test_generator_is_in_sync():
+    from kernels import generate_instantiations as gen
+    for p in gen.generate(out_dir=Path("/tmp/flashgpt_gen_check")):
+        committed = gen.OUT_DIR / p.name
+        assert committed.read_text() == p.read_text(), f"regenerate: {p.name}"

@@ -1,0 +1,247 @@
+"""GPU checks of our FlashAttention-2 kernels against the fp32 reference.
+
+Tolerance as in FlashAttention's own tests: for the output and every gradient, the kernel's max
+abs error vs the fp32 reference must be <= 2 x PyTorch's own max error computing the same thing
+in the low precision (reference math on bf16/fp16 inputs) + a small eps. Outputs are poisoned
+with NaN before every launch (set_debug_poison), inputs are fresh torch.randn draws.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+import kernels  # noqa: E402
+from kernels import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+from kernels.reference import attention_ref, attention_varlen_ref  # noqa: E402
+
+DTYPES = [torch.bfloat16, torch.float16]
+HDIMS = [64, 96, 128]
+EPS_OUT, EPS_GRAD = 1e-4, 1e-3
+_seed = itertools.count(1234)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ext():
+    if not kernels.is_available():
+        pytest.fail("extension did not build: " + kernels.unavailable_reason())
+    from kernels.build import load_extension
+    load_extension().set_debug_poison(True)
+    yield
+    load_extension().set_debug_poison(False)
+
+
+def _err(a, ref):
+    return (a.float() - ref.float()).abs().max().item()
+
+
+def _check(name, ours, ref, pt, eps):
+    assert not torch.isnan(ours).any(), f"{name}: NaN in output (unwritten element?)"
+    e, e_pt = _err(ours, ref), _err(pt, ref)
+    assert e <= 2 * e_pt + eps, f"{name}: max err {e:.3e} > 2 x torch's {e_pt:.3e} + {eps}"
+    return e, e_pt
+
+
+def _grads(out, inputs, dout):
+    return torch.autograd.grad(out, inputs, dout)
+
+
+def run_dense(b, h, hk, sq, sk, d, dtype, causal, deterministic=False, scale=None):
+    torch.manual_seed(next(_seed))
+    dev = "cuda"
+    q = torch.randn(b, sq, h, d, device=dev, dtype=dtype, requires_grad=True)
+    k = torch.randn(b, sk, hk, d, device=dev, dtype=dtype, requires_grad=True)
+    v = torch.randn(b, sk, hk, d, device=dev, dtype=dtype, requires_grad=True)
+    dout = torch.randn(b, sq, h, d, device=dev, dtype=dtype)
+
+    out = flash_attn_func(q, k, v, causal=causal, softmax_scale=scale, deterministic=deterministic)
+    dq, dk, dv = _grads(out, (q, k, v), dout)
+
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    out_ref, _ = attention_ref(qf, kf, vf, causal, scale, upcast=True)
+    dq_ref, dk_ref, dv_ref = _grads(out_ref, (qf, kf, vf), dout.float())
+    out_pt, _ = attention_ref(q, k, v, causal, scale, upcast=False)
+    dq_pt, dk_pt, dv_pt = _grads(out_pt, (q, k, v), dout)
+
+    _check("out", out, out_ref, out_pt, EPS_OUT)
+    _check("dq", dq, dq_ref, dq_pt, EPS_GRAD)
+    _check("dk", dk, dk_ref, dk_pt, EPS_GRAD)
+    _check("dv", dv, dv_ref, dv_pt, EPS_GRAD)
+    return q, k, v, dout, out, (dq, dk, dv)
+
+
+# (batch, heads, kv heads, seqlen_q, seqlen_k): the ragged-tile and alignment cases.
+SHAPES = [
+    (2, 4, 4, 1, 1), (1, 3, 3, 17, 17), (2, 2, 2, 127, 127), (1, 2, 2, 128, 128),
+    (2, 2, 2, 129, 129), (1, 2, 2, 1000, 1000),
+    (3, 2, 2, 113, 203),   # seqlen_q < seqlen_k
+    (2, 2, 2, 256, 128),   # seqlen_q > seqlen_k: causal rows that see no key
+    (1, 2, 2, 200, 64),
+    (2, 1, 1, 64, 1000),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", HDIMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_dense(shape, dtype, d, causal):
+    run_dense(*shape, d, dtype, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("shape", [(2, 4, 4, 2048, 2048)], ids=["2k"])
+def test_dense_2k(shape, d, causal):
+    run_dense(*shape, d, torch.bfloat16, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_dense_8k(causal):
+    run_dense(1, 2, 2, 8192, 8192, 128, torch.bfloat16, causal)
+
+
+@pytest.mark.parametrize("d", [32, 80, 112])
+def test_padded_head_dims(d):
+    run_dense(2, 2, 2, 77, 77, d, torch.bfloat16, True, scale=0.2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("shape", [(2, 8, 2, 300, 300), (1, 4, 1, 128, 257), (2, 6, 3, 65, 33)],
+                         ids=["gqa4", "mqa", "gqa2"])
+def test_gqa(shape, d, causal):
+    run_dense(*shape, d, torch.bfloat16, causal)
+
+
+def test_strided_inputs():
+    """q/k/v as views of a packed (b, s, 3, h, d) tensor: last dim contiguous, others strided."""
+    torch.manual_seed(next(_seed))
+    qkv = torch.randn(2, 150, 3, 4, 64, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.unbind(2)
+    assert not q.is_contiguous()
+    out = flash_attn_func(q, k, v, causal=True)
+    ref = flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)
+    assert torch.equal(out, ref)
+
+
+def test_lse():
+    torch.manual_seed(next(_seed))
+    q = torch.randn(2, 100, 2, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 60, 2, 64, device="cuda", dtype=torch.bfloat16)
+    out, lse = flash_attn_func(q, k, k, causal=True, return_lse=True)
+    _, lse_ref = attention_ref(q.float(), k.float(), k.float(), True)
+    finite = torch.isfinite(lse_ref)
+    assert (~finite).sum() > 0  # rows 0..39 see no key (bottom-right alignment)
+    assert torch.isinf(lse[~finite]).all() and (out[:, :40] == 0).all()
+    assert (lse[finite] - lse_ref[finite]).abs().max().item() < 1e-2
+
+
+def test_forward_bitwise_repeatable():
+    torch.manual_seed(next(_seed))
+    q, k, v = (torch.randn(2, 777, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    o1 = flash_attn_func(q, k, v, causal=True)
+    o2 = flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(o1, o2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", HDIMS)
+def test_deterministic_backward(d, causal):
+    q, k, v, dout, _, g1 = run_dense(2, 4, 2, 600, 700, d, torch.bfloat16, causal, deterministic=True)
+    for _ in range(2):
+        out = flash_attn_func(q, k, v, causal=causal, deterministic=True)
+        g2 = _grads(out, (q, k, v), dout)
+        for a, b_ in zip(g1, g2):
+            assert torch.equal(a, b_)
+
+
+def _cu(lens):
+    return torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 96, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_varlen(dtype, d, causal):
+    torch.manual_seed(next(_seed))
+    lens_q = [1, 17, 129, 300, 64, 1000]
+    lens_k = [5, 17, 100, 300, 200, 1000]
+    h, hk = 4, 2
+    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+    tq, tk = sum(lens_q), sum(lens_k)
+    q = torch.randn(tq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(tk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(tk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    dout = torch.randn(tq, h, d, device="cuda", dtype=dtype)
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal)
+    grads = _grads(out, (q, k, v), dout)
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    out_ref, _ = attention_varlen_ref(qf, kf, vf, cu_q, cu_k, causal)
+    grads_ref = _grads(out_ref, (qf, kf, vf), dout.float())
+    out_pt, _ = attention_varlen_ref(q, k, v, cu_q, cu_k, causal, upcast=False)
+    grads_pt = _grads(out_pt, (q, k, v), dout)
+    _check("out", out, out_ref, out_pt, EPS_OUT)
+    for n, a, r, p in zip(("dq", "dk", "dv"), grads, grads_ref, grads_pt):
+        _check(n, a, r, p, EPS_GRAD)
+
+
+def test_torch_compile_fullgraph():
+    torch.manual_seed(next(_seed))
+
+    def f(q, k, v):
+        return flash_attn_func(q, k, v, causal=True).float().square().sum()
+
+    cf = torch.compile(f, fullgraph=True)
+    q, k, v = (torch.randn(2, 200, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    l1 = f(q, k, v)
+    g1 = torch.autograd.grad(l1, (q, k, v))
+    l2 = cf(q, k, v)
+    g2 = torch.autograd.grad(l2, (q, k, v))
+    torch.testing.assert_close(l1, l2, rtol=1e-4, atol=1e-3)
+    for a, b_ in zip(g1, g2):
+        torch.testing.assert_close(a, b_, rtol=2e-2, atol=2e-2)
+
+
+def test_opcheck():
+    torch.manual_seed(next(_seed))
+    q = torch.randn(2, 65, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 65, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(2, 65, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    torch.library.opcheck(torch.ops.flashgpt.fwd.default,
+                          (q, k, v, None, None, 65, 65, 0.125, True, False))
+    cu = _cu([20, 45])
+    qv = torch.randn(65, 4, 64, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(65, 2, 64, device="cuda", dtype=torch.bfloat16)
+    torch.library.opcheck(torch.ops.flashgpt.fwd.default,
+                          (qv, kv, kv, cu, cu, 45, 45, 0.125, False, False))
+    out, lse = torch.ops.flashgpt.fwd(q.detach(), k.detach(), v.detach(), None, None, 65, 65, 0.125,
+                                      True, False)
+    dout = torch.randn_like(out)
+    torch.library.opcheck(torch.ops.flashgpt.bwd.default,
+                          (dout, q.detach(), k.detach(), v.detach(), out, lse, None, None, 65, 65,
+                           0.125, True, True))
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("d160", "head dim 160"), ("fp32", "dtype"), ("lastdim", "last dim"), ("empty", "empty"),
+])
+def test_gpu_value_errors(bad, match):
+    mk = lambda *s, **kw: torch.randn(*s, device="cuda", dtype=kw.get("dtype", torch.bfloat16))  # noqa: E731
+    if bad == "d160":
+        q = mk(1, 8, 2, 160)
+    elif bad == "fp32":
+        q = mk(1, 8, 2, 64, dtype=torch.float32)
+    elif bad == "lastdim":
+        q = mk(1, 8, 2, 64).transpose(1, 3)
+    else:
+        q = mk(1, 0, 2, 64)
+    with pytest.raises(ValueError, match=match):
+        flash_attn_func(q, q, q)
