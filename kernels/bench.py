@@ -56,7 +56,8 @@ def impls(causal: bool, deterministic: bool = False):
             "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
 
 
-def bench_row(hdim: int, seqlen: int, causal: bool, reps: int, det: bool) -> dict:
+def bench_row(hdim: int, seqlen: int, causal: bool, reps: int, det: bool,
+              only_ours: bool = False) -> dict:
     batch, heads = TOKENS // seqlen, D_MODEL // hdim
     torch.manual_seed(0)
     q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16,
@@ -65,6 +66,8 @@ def bench_row(hdim: int, seqlen: int, causal: bool, reps: int, det: bool) -> dic
     flops = 4 * batch * heads * seqlen * seqlen * hdim / (2 if causal else 1)
     row = {"hdim": hdim, "causal": causal, "seqlen": seqlen, "batch": batch, "heads": heads}
     fns = impls(causal)
+    if only_ours:
+        fns = {"ours": fns["ours"]}
     if det:
         fns["ours_det"] = impls(causal, deterministic=True)["ours"]
     for name, fn in fns.items():
@@ -81,8 +84,8 @@ def bench_row(hdim: int, seqlen: int, causal: bool, reps: int, det: bool) -> dic
         qs, ks, vs = (t[:1, :, :2].detach() for t in (q, k, v))
         ref, _ = attention_ref(qs.float(), ks.float(), vs.float(), causal)
         row["err"] = (flash_attn_func(qs, ks, vs, causal=causal).float() - ref).abs().max().item()
-        cud = fns["flash"](qs, ks, vs)
-        row["err_flash"] = (cud.float() - ref).abs().max().item()
+        if "flash" in fns:
+            row["err_flash"] = (fns["flash"](qs, ks, vs).float() - ref).abs().max().item()
         del ref
     torch.cuda.empty_cache()
     return row
@@ -113,6 +116,7 @@ def main() -> None:
     ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--det", action="store_true", help="also time the deterministic backward")
+    ap.add_argument("--only-ours", action="store_true", help="tuning sweeps: skip SDPA")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
@@ -121,17 +125,21 @@ def main() -> None:
     for hdim in args.hdims:
         for causal in args.causal:
             for s in args.seqlens:
-                r = bench_row(hdim, s, bool(causal), args.reps, args.det)
-                print(f"  hdim {hdim} causal {causal} seqlen {s}: ours {r['ours_fwd']:.0f}/"
-                      f"{r['ours_fwdbwd']:.0f}  flash {r['flash_fwd']:.0f}/{r['flash_fwdbwd']:.0f}  "
-                      f"cudnn {r['cudnn_fwd']:.0f}/{r['cudnn_fwdbwd']:.0f} TFLOP/s  err {r['err']:.1e}",
-                      flush=True)
+                r = bench_row(hdim, s, bool(causal), args.reps, args.det, args.only_ours)
+                line = f"  hdim {hdim} causal {causal} seqlen {s}: ours {r['ours_fwd']:.0f}/{r['ours_fwdbwd']:.0f}"
+                if "ours_det_fwdbwd" in r:
+                    line += f" (det f+b {r['ours_det_fwdbwd']:.0f})"
+                if not args.only_ours:
+                    line += (f"  flash {r['flash_fwd']:.0f}/{r['flash_fwdbwd']:.0f}  "
+                             f"cudnn {r['cudnn_fwd']:.0f}/{r['cudnn_fwdbwd']:.0f}")
+                print(line + f" TFLOP/s (fwd/fwd+bwd)  err {r['err']:.1e}", flush=True)
                 rows.append(r)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-    print("\nTFLOP/s (fwd; f+b = fwd+bwd), bf16, batch*seqlen = 16k tokens, d_model 2048\n")
-    print(table(rows, args.det))
+    if not args.only_ours:
+        print("\nTFLOP/s (fwd; f+b = fwd+bwd), bf16, batch*seqlen = 16k tokens, d_model 2048\n")
+        print(table(rows, args.det))
 
 
 if __name__ == "__main__":

@@ -58,6 +58,9 @@ class EngineConfig:
     type: str = "torch"  # torch | deepspeed
     parallel: str = "ddp"  # ddp | fsdp (torch engine with >1 process)
     zero_stage: int = 0  # DeepSpeed ZeRO stage 0..3
+    ds_optimizer: str = "ours"  # DeepSpeed: ours (torch AdamW, fused on CUDA) | deepspeed (its FusedAdam)
+    overlap_comm: bool = True  # DeepSpeed ZeRO: overlap gradient reduction with the backward pass
+    bucket_mb: int = 200  # DeepSpeed ZeRO / DDP: gradient bucket size, MB
     backend: str = "auto"  # process-group backend: auto (nccl on CUDA, gloo on CPU) | nccl | gloo
 
 
@@ -87,6 +90,11 @@ class TrainConfig:
     resume: str = "auto"  # auto | none | path to a checkpoint folder
     compile: bool = False  # torch.compile the model
     stop_after: Optional[int] = None  # leave after this many steps this session (tests, pre-emption drills)
+    # A non-finite loss or gradient norm, caught before the optimizer step: skip (drop that update, keep
+    # the step count and data order, log skipped_steps; stop after max_skipped in a row) | stop (raise,
+    # naming the step and the batch's place in the data)
+    nonfinite: str = "skip"
+    max_skipped: int = 10  # with nonfinite=skip: consecutive skipped steps before the run stops
 
 
 @dataclass
@@ -194,6 +202,9 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     _choice(cfg.engine.type, ("torch", "deepspeed"), "engine.type")
     _choice(cfg.engine.parallel, ("ddp", "fsdp"), "engine.parallel")
     _choice(cfg.engine.backend, ("auto", "nccl", "gloo"), "engine.backend")
+    _choice(cfg.engine.ds_optimizer, ("ours", "deepspeed"), "engine.ds_optimizer")
+    if cfg.engine.bucket_mb <= 0:
+        raise ConfigError(f"engine.bucket_mb={cfg.engine.bucket_mb} must be positive")
     if cfg.engine.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"engine.zero_stage={cfg.engine.zero_stage} must be 0, 1, 2 or 3")
     _choice(cfg.logging.wandb, ("offline", "online", "disabled"), "logging.wandb")
@@ -205,6 +216,9 @@ def validate(cfg: Config, world_size: int = 1) -> None:
             f"train.global_batch_size={t.global_batch_size} is not divisible by micro_batch_size "
             f"({t.micro_batch_size}) x ranks ({world_size}) = {per_step}; set global_batch_size to a "
             f"multiple of {per_step}")
+    _choice(t.nonfinite, ("skip", "stop"), "train.nonfinite")
+    if t.max_skipped <= 0:
+        raise ConfigError(f"train.max_skipped={t.max_skipped} must be positive")
     if t.eval_interval < 0 or t.ckpt_interval < 0 or t.eval_steps < 0:
         raise ConfigError("train.eval_interval, train.eval_steps and train.ckpt_interval must be >= 0")
 

@@ -80,7 +80,7 @@ class TorchEngine(Engine):
             wrapped = torch.compile(wrapped)
         if dist.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            wrapped = DDP(wrapped, device_ids=ids)
+            wrapped = DDP(wrapped, device_ids=ids, bucket_cap_mb=cfg.engine.bucket_mb)
         self.wrapped = wrapped
         self.params = [p for p in self.model.parameters() if p.requires_grad]
 
@@ -128,8 +128,13 @@ class TorchEngine(Engine):
 
 
 def build_engine(model: torch.nn.Module, cfg: Config, dist: DistInfo) -> Engine:
-    if cfg.engine.type == "torch" and cfg.engine.parallel == "ddp":
-        return TorchEngine(model, cfg, dist)
-    raise NotImplementedError(
-        f"engine.type={cfg.engine.type} engine.parallel={cfg.engine.parallel} is not built yet "
-        f"(DeepSpeed and FSDP2 land with the multi-GPU work); use engine.type=torch engine.parallel=ddp")
+    """engine.type=torch: DDP (or one process) / FSDP2 (engine.parallel=fsdp); deepspeed: ZeRO 0-3."""
+    if cfg.engine.type == "deepspeed":
+        from training.engine_deepspeed import DeepSpeedEngine
+
+        return DeepSpeedEngine(model, cfg, dist)
+    if cfg.engine.parallel == "fsdp":
+        from training.engine_fsdp import FSDPEngine
+
+        return FSDPEngine(model, cfg, dist)
+    return TorchEngine(model, cfg, dist)

@@ -24,7 +24,7 @@
 namespace flash {
 
 template <typename Kt, bool Is_causal, bool Is_even>
-__global__ void __launch_bounds__(Kt::kNThreads, 1)
+__global__ void __launch_bounds__(Kt::kNThreads, Kt::kMinBlocks)
 flash_bwd_kernel(const Flash_bwd_params params) {
     using T = typename Kt::T;
     constexpr int BM = Kt::kBlockM, BN = Kt::kBlockN, D = Kt::kHeadDim;

@@ -5,6 +5,7 @@
 #include "flash_bwd_kernel.h"
 #include "kernel_traits.h"
 #include "static_switch.h"
+#include "tile_config.h"
 
 template <typename Kt, bool Is_causal>
 void run_flash_bwd(Flash_bwd_params &params, cudaStream_t stream) {
@@ -25,16 +26,20 @@ void run_flash_bwd(Flash_bwd_params &params, cudaStream_t stream) {
     });
 }
 
-// Tiles: (query rows per step, keys per block, warps).
+// Tiles: (query rows per step, keys per block, warps, min blocks per SM); values in tile_config.h.
+
+template <int D, int BM, int BN, int W, int MINB, typename T>
+using BwdTraits = Flash_bwd_kernel_traits<D, BM, BN, W, T, MINB>;
+
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim64(Flash_bwd_params &params, cudaStream_t stream) {
-    run_flash_bwd<Flash_bwd_kernel_traits<64, 64, 128, 8, T>, Is_causal>(params, stream);
+    run_flash_bwd<BwdTraits<64, FLASH_BWD_HD64, T>, Is_causal>(params, stream);
 }
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim96(Flash_bwd_params &params, cudaStream_t stream) {
-    run_flash_bwd<Flash_bwd_kernel_traits<96, 64, 128, 8, T>, Is_causal>(params, stream);
+    run_flash_bwd<BwdTraits<96, FLASH_BWD_HD96, T>, Is_causal>(params, stream);
 }
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim128(Flash_bwd_params &params, cudaStream_t stream) {
-    run_flash_bwd<Flash_bwd_kernel_traits<128, 64, 128, 8, T>, Is_causal>(params, stream);
+    run_flash_bwd<BwdTraits<128, FLASH_BWD_HD128, T>, Is_causal>(params, stream);
 }

@@ -50,7 +50,7 @@ struct SeqInfo {
 };
 
 template <typename Kt, bool Is_causal, bool Is_even>
-__global__ void __launch_bounds__(Kt::kNThreads)
+__global__ void __launch_bounds__(Kt::kNThreads, Kt::kMinBlocks)
 flash_fwd_kernel(const Flash_fwd_params params) {
     using T = typename Kt::T;
     constexpr int BM = Kt::kBlockM, BN = Kt::kBlockN, D = Kt::kHeadDim;

@@ -4,6 +4,7 @@
 #include "flash_fwd_kernel.h"
 #include "kernel_traits.h"
 #include "static_switch.h"
+#include "tile_config.h"
 
 template <typename Kt, bool Is_causal>
 void run_flash_fwd(Flash_fwd_params &params, cudaStream_t stream) {
@@ -23,17 +24,21 @@ void run_flash_fwd(Flash_fwd_params &params, cudaStream_t stream) {
     });
 }
 
-// Tiles (query rows x keys, warps). Starting points from the FA2 paper, retuned on H100
-// (see kernels/NOTES.md for what was measured).
+// Tiles: (query rows, keys per step, warps, min blocks per SM). Starting points from the FA2
+// paper, retuned on H100 (kernels/NOTES.md has the measurements). Values in tile_config.h.
+
+template <int D, int BM, int BN, int W, int MINB, typename T>
+using FwdTraits = Flash_fwd_kernel_traits<D, BM, BN, W, T, MINB>;
+
 template <typename T, bool Is_causal>
 void run_mha_fwd_hdim64(Flash_fwd_params &params, cudaStream_t stream) {
-    run_flash_fwd<Flash_fwd_kernel_traits<64, 128, 128, 8, T>, Is_causal>(params, stream);
+    run_flash_fwd<FwdTraits<64, FLASH_FWD_HD64, T>, Is_causal>(params, stream);
 }
 template <typename T, bool Is_causal>
 void run_mha_fwd_hdim96(Flash_fwd_params &params, cudaStream_t stream) {
-    run_flash_fwd<Flash_fwd_kernel_traits<96, 128, 64, 8, T>, Is_causal>(params, stream);
+    run_flash_fwd<FwdTraits<96, FLASH_FWD_HD96, T>, Is_causal>(params, stream);
 }
 template <typename T, bool Is_causal>
 void run_mha_fwd_hdim128(Flash_fwd_params &params, cudaStream_t stream) {
-    run_flash_fwd<Flash_fwd_kernel_traits<128, 128, 64, 8, T>, Is_causal>(params, stream);
+    run_flash_fwd<FwdTraits<128, FLASH_FWD_HD128, T>, Is_causal>(params, stream);
 }

@@ -8,9 +8,13 @@
 #pragma once
 #include "utils.h"
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, typename elem_type>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, typename elem_type,
+          int kMinBlocks_ = 1>
 struct Flash_fwd_kernel_traits {
     using T = elem_type;
+    // Blocks per SM promised to the compiler (__launch_bounds__): caps registers per thread
+    // at 65536 / (threads * kMinBlocks).
+    static constexpr int kMinBlocks = kMinBlocks_;
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kBlockM = kBlockM_;   // query rows per thread block
     static constexpr int kBlockN = kBlockN_;   // keys per inner-loop step
@@ -31,9 +35,11 @@ struct Flash_fwd_kernel_traits {
 // Backward: one thread block per (batch, head, key block of kBlockN keys); loops over query
 // blocks of kBlockM rows. Warps own 16-key slabs of the key block (S^T, dP^T, dK, dV in registers);
 // for dQ = dS K the warps are re-partitioned as (kBlockM/16) x kDQWarpsN.
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, typename elem_type>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, typename elem_type,
+          int kMinBlocks_ = 1>
 struct Flash_bwd_kernel_traits {
     using T = elem_type;
+    static constexpr int kMinBlocks = kMinBlocks_;
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kBlockM = kBlockM_;   // query rows per inner-loop step
     static constexpr int kBlockN = kBlockN_;   // keys per thread block

@@ -116,19 +116,35 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 // Copy a (ROWS x D) tile of 16-bit elements from global (row stride in elements, last dim
 // contiguous) to shared memory (row stride S elements). Rows >= rows_left are zero-filled:
 // zeros keep the out-of-range rows harmless in every product (0 * anything finite = 0).
+// When the threads cover whole rows (NTHREADS % chunks-per-row == 0), each thread walks down a
+// fixed column with one base offset and a constant row step: few live registers for addresses
+// (the compiler hoists per-chunk addresses out of the main loop otherwise).
 template <int ROWS, int D, int S, int NTHREADS, bool Is_even, typename T>
 __device__ __forceinline__ void load_tile_async(T *smem, const T *gmem, int64_t row_stride,
                                                 int rows_left, int tid) {
     constexpr int kChunksPerRow = D / 8;  // 8 x 16-bit = 16 bytes
     constexpr int kChunks = ROWS * kChunksPerRow;
+    if constexpr (NTHREADS % kChunksPerRow == 0 && kChunks % NTHREADS == 0) {
+        constexpr int kRowStep = NTHREADS / kChunksPerRow;
+        const int r0 = tid / kChunksPerRow, c = (tid % kChunksPerRow) * 8;
+        const T *src0 = gmem + r0 * row_stride + c;
+        const uint32_t dst0 = smem_u32(smem + r0 * S + c);
 #pragma unroll
-    for (int i = 0; i < cdiv(kChunks, NTHREADS); ++i) {
-        const int idx = tid + i * NTHREADS;
-        if (kChunks % NTHREADS == 0 || idx < kChunks) {
-            const int r = idx / kChunksPerRow, c = idx % kChunksPerRow;
-            const bool pred = Is_even || r < rows_left;
-            const T *src = pred ? gmem + r * row_stride + c * 8 : gmem;
-            cp_async_16(smem_u32(smem + r * S + c * 8), src, pred);
+        for (int i = 0; i < kChunks / NTHREADS; ++i) {
+            const bool pred = Is_even || r0 + i * kRowStep < rows_left;
+            const T *src = pred ? src0 + i * kRowStep * row_stride : gmem;
+            cp_async_16(dst0 + i * kRowStep * S * int(sizeof(T)), src, pred);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < cdiv(kChunks, NTHREADS); ++i) {
+            const int idx = tid + i * NTHREADS;
+            if (kChunks % NTHREADS == 0 || idx < kChunks) {
+                const int r = idx / kChunksPerRow, c = idx % kChunksPerRow;
+                const bool pred = Is_even || r < rows_left;
+                const T *src = pred ? gmem + r * row_stride + c * 8 : gmem;
+                cp_async_16(smem_u32(smem + r * S + c * 8), src, pred);
+            }
         }
     }
 }
