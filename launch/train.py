@@ -15,9 +15,23 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository's packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from data.sources import DataError  # noqa: E402
+from training.checkpoint import CheckpointError  # noqa: E402
 from training.config import ConfigError, load_config, validate  # noqa: E402
 from training.distributed import init_distributed  # noqa: E402
-from training.trainer import Trainer  # noqa: E402
+from training.trainer import NonFiniteError, Trainer  # noqa: E402
+
+# Known errors end the run with one line on stderr and this exit code, no traceback (README
+# "Errors and what to do"); anything else is a bug and keeps its traceback.
+KNOWN_ERRORS = ((ConfigError, "config error", 2), (DataError, "data error", 2),
+                (CheckpointError, "checkpoint error", 2), (NonFiniteError, "training stopped", 3))
+
+
+def _fail(label: str, err: BaseException, code: int) -> int:
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    prefix = f"[rank {os.environ.get('RANK', 0)}] " if world > 1 else ""
+    print(f"{prefix}{label}: {err}", file=sys.stderr, flush=True)
+    return code
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -40,11 +54,16 @@ def main(argv=None) -> int:
         cfg = load_config(args.config, args.overrides)
         validate(cfg, world_size=int(os.environ.get("WORLD_SIZE", 1)))
     except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    dist = init_distributed(cfg.train.device, cfg.engine.backend)
+        return _fail("config error", e, 2)
+    try:
+        dist = init_distributed(cfg.train.device, cfg.engine.backend)
+    except RuntimeError as e:  # e.g. train.device=cuda on a machine without a GPU
+        return _fail("device error", e, 2)
     try:
         Trainer.build(cfg, dist).fit()
+    except tuple(cls for cls, _, _ in KNOWN_ERRORS) as e:
+        label, code = next((lbl, c) for cls, lbl, c in KNOWN_ERRORS if isinstance(e, cls))
+        return _fail(label, e, code)
     finally:
         dist.shutdown()
     return 0

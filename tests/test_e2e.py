@@ -1,48 +1,17 @@
 """End to end on CPU: the tiny config trains (loss falls), and stopping + resuming continues the
 loss curve bit for bit, in one process and under 2-process torchrun."""
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from train_runner import REPO, TRAIN, losses, run
 
-REPO = Path(__file__).resolve().parent.parent
-TRAIN = str(REPO / "launch" / "train.py")
-
-# A smaller, faster variant of tiny_cpu: 2 layers, 64-token context, 2 micro-batches per step
-# (gradient accumulation), evaluation and a checkpoint every 3 steps.
-FAST = ["model.n_layer=2", "model.seq_len=64", "train.global_batch_size=8", "train.micro_batch_size=4",
-        "train.eval_interval=3", "train.eval_steps=2", "train.ckpt_interval=3", "logging.progress=false",
-        "logging.wandb=offline"]
 
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("data_cache"))
-
-
-def run(out_dir, cache_dir, *overrides, nproc=1, timeout=600):
-    args = [f"train.out_dir={out_dir}", f"data.cache_dir={cache_dir}", *FAST, *overrides]
-    if nproc == 1:
-        cmd = [sys.executable, TRAIN, "--config", "tiny_cpu.yaml", *args]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               TRAIN, "--config", "tiny_cpu.yaml", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-5000:]}"
-    return proc
-
-
-def losses(run_dir: Path) -> dict:
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if "loss" in rec:
-            out[rec["step"]] = rec["loss"]
-    return out
 
 
 def test_tiny_run_loss_falls(tmp_path, cache_dir):

@@ -134,6 +134,9 @@ class RunLogger:
                 self._warn_once("wandb", e)
                 return
             self.info(f"warning: W&B online init failed ({type(e).__name__}: {e}); falling back to offline")
+            # The failed online run still holds this id in W&B's service ("run ID is in use"): shut the
+            # service down first, or the offline retry fails too (seen with wandb 0.31, no network).
+            self._guard("wandb", wandb.teardown)
             run = self._guard("wandb", wandb.init, mode="offline", **kwargs)
         if run is None:
             return

@@ -1,0 +1,56 @@
+"""Run launch/train.py as a user would (python or torchrun) and read back its loss curve."""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TRAIN = str(REPO / "launch" / "train.py")
+
+# A smaller, faster variant of tiny_cpu: 2 layers, 64-token context, 2 micro-batches per step
+# (gradient accumulation) on one rank, evaluation and a checkpoint every 3 steps.
+FAST = ["model.n_layer=2", "model.seq_len=64", "train.global_batch_size=8", "train.micro_batch_size=4",
+        "train.eval_interval=3", "train.eval_steps=2", "train.ckpt_interval=3", "logging.progress=false",
+        "logging.wandb=offline"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_cmd(out_dir, cache_dir, *overrides, nproc=1, config="tiny_cpu.yaml"):
+    args = [f"train.out_dir={out_dir}", f"data.cache_dir={cache_dir}", *FAST, *overrides]
+    if nproc == 1:
+        return [sys.executable, TRAIN, "--config", config, *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            TRAIN, "--config", config, *args]
+
+
+def env():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def check(proc, cmd):
+    assert proc.returncode == 0, (f"{' '.join(map(str, cmd))}\n--- stdout\n{proc.stdout[-3000:]}\n"
+                                  f"--- stderr\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def run(out_dir, cache_dir, *overrides, nproc=1, timeout=600):
+    cmd = train_cmd(out_dir, cache_dir, *overrides, nproc=nproc)
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
+    return check(proc, cmd)
+
+
+def losses(run_dir: Path) -> dict:
+    """{step: loss} from a run's metrics.jsonl."""
+    out = {}
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if "loss" in rec:
+            out[rec["step"]] = rec["loss"]
+    return out

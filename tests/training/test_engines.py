@@ -1,0 +1,93 @@
+"""Engines on CPU under 2-process torchrun (gloo): DDP, FSDP2 and DeepSpeed ZeRO 0-3 train the same
+loss curve, resume bit for bit, and a 2-"node" torchrun rendezvous on localhost works."""
+import subprocess
+
+import pytest
+import torch
+from train_runner import REPO, check, env, free_port, losses, run, train_cmd
+
+from training.config import load_config
+from training.deepspeed_config import deepspeed_config
+
+ENGINES = {
+    "ddp": ["engine.type=torch", "engine.parallel=ddp"],
+    "fsdp": ["engine.type=torch", "engine.parallel=fsdp"],
+    "zero0": ["engine.type=deepspeed", "engine.zero_stage=0"],
+    "zero1": ["engine.type=deepspeed", "engine.zero_stage=1"],
+    "zero2": ["engine.type=deepspeed", "engine.zero_stage=2"],
+    "zero3": ["engine.type=deepspeed", "engine.zero_stage=3"],
+}
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("data_cache"))
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, cache_dir):
+    """straight(engine) -> {step: loss} of an uninterrupted 2-rank run of 6 steps (run once, cached)."""
+    curves = {}
+
+    def get(engine):
+        if engine not in curves:
+            out = tmp_path_factory.mktemp(engine)
+            run(out, cache_dir, "train.max_steps=6", "train.run_name=s", *ENGINES[engine], nproc=2)
+            curves[engine] = losses(out / "s")
+        return curves[engine]
+    return get
+
+
+@pytest.fixture(scope="module")
+def ddp_curve(straight):
+    return straight("ddp")
+
+
+def test_deepspeed_config_is_generated_from_ours():
+    cfg = load_config("gpt_1.3b_8k.yaml", ["engine.zero_stage=2", "engine.bucket_mb=100"])
+    ds = deepspeed_config(cfg, world_size=4, device=torch.device("cuda"))
+    assert ds["train_batch_size"] == 64 and ds["train_micro_batch_size_per_gpu"] == 1
+    assert ds["gradient_accumulation_steps"] == 16  # 64 / (1 x 4)
+    assert ds["zero_optimization"]["stage"] == 2 and ds["zero_optimization"]["overlap_comm"]
+    assert ds["zero_optimization"]["reduce_bucket_size"] == 100_000_000
+    assert ds["bf16"]["enabled"] and ds["gradient_clipping"] == 1.0 and "optimizer" not in ds
+    cpu = deepspeed_config(load_config("tiny_cpu.yaml", ["engine.ds_optimizer=deepspeed"]), 1,
+                           torch.device("cpu"))
+    assert not cpu["bf16"]["enabled"] and cpu["optimizer"]["params"]["torch_adam"]
+    assert cpu["optimizer"]["params"]["betas"] == [0.9, 0.95]
+
+
+@pytest.mark.parametrize("engine", [e for e in ENGINES if e != "ddp"])
+def test_engine_matches_ddp(straight, ddp_curve, engine):
+    curve = straight(engine)
+    assert sorted(curve) == sorted(ddp_curve)
+    for step, loss in ddp_curve.items():  # fp32 on CPU: only the reduction order differs
+        assert curve[step] == pytest.approx(loss, rel=1e-4), (engine, step)
+
+
+@pytest.mark.parametrize("engine", ["fsdp", "zero3"])
+def test_engine_resume_is_bit_identical(tmp_path, cache_dir, straight, engine):
+    run(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=stopped", "train.stop_after=3",
+        *ENGINES[engine], nproc=2)
+    run(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=stopped", *ENGINES[engine], nproc=2)
+    assert losses(tmp_path / "stopped") == straight(engine)
+    if engine.startswith("zero"):
+        assert (tmp_path / "stopped" / "deepspeed_config.json").is_file()  # saved with the run
+
+
+def test_two_node_rendezvous_on_localhost(tmp_path, cache_dir, ddp_curve):
+    """Two torchrun 'nodes' of one process each meet at a c10d rendezvous: same curve as 2 local ranks."""
+    port = free_port()
+    base = train_cmd(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=nodes")
+    procs, cmds = [], []
+    for node in range(2):
+        cmd = [base[0], "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+               f"--node_rank={node}", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+               "--rdzv_id=test", *base[1:]]
+        cmds.append(cmd)
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    for proc, cmd in zip(procs, cmds):
+        out, err = proc.communicate(timeout=600)
+        check(subprocess.CompletedProcess(cmd, proc.returncode, out, err), cmd)
+    assert losses(tmp_path / "nodes") == ddp_curve
