@@ -25,14 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import build as _build
-
 _SUPPORTED_HDIMS = (64, 96, 128)
 _DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _ext():
-    return _build.load_extension()
+    from .build import load_extension  # imported lazily: `python -m kernels.build` stays clean
+
+    return load_extension()
 
 
 # ---------------------------------------------------------------------------------------------

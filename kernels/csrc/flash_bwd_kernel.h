@@ -135,7 +135,7 @@ flash_bwd_kernel(const Flash_bwd_params params) {
             for (int j = 0; j < SN; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc_s[mt][j][e] = acc_dp[mt][j][e] = 0.f;
-#pragma unroll 1  // ks indexes no register array: rolled, to save registers
+#pragma unroll(Kt::kKsUnroll)  // ks indexes no register array: may stay rolled
         for (int ks = 0; ks < D / 16; ++ks) {
             uint32_t ak[MT][4], av[MT][4];
 #pragma unroll

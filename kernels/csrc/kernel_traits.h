@@ -36,10 +36,13 @@ struct Flash_fwd_kernel_traits {
 // blocks of kBlockM rows. Warps own 16-key slabs of the key block (S^T, dP^T, dK, dV in registers);
 // for dQ = dS K the warps are re-partitioned as (kBlockM/16) x kDQWarpsN.
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, typename elem_type,
-          int kMinBlocks_ = 1>
+          int kMinBlocks_ = 1, int kKsUnroll_ = 1>
 struct Flash_bwd_kernel_traits {
     using T = elem_type;
     static constexpr int kMinBlocks = kMinBlocks_;
+    // Unroll factor of the head-dim loop of S^T/dP^T (1 = rolled: fewer registers; more lets
+    // the compiler overlap the next ldmatrix with this step's HMMAs).
+    static constexpr int kKsUnroll = kKsUnroll_;
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kBlockM = kBlockM_;   // query rows per inner-loop step
     static constexpr int kBlockN = kBlockN_;   // keys per thread block

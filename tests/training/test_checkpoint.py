@@ -1,5 +1,6 @@
 """Checkpoints: atomic layout, keep-last-k, resolve (auto / path / none), crash leftovers ignored."""
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -85,3 +86,147 @@ def test_rng_round_trip():
     set_rng_state(state)
     b = (random.random(), np.random.rand(), torch.rand(2))
     assert a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2])
+
+
+# --- integrity: manifest, verification, fallback, write errors ---------------------------------------
+import errno  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+
+import training.checkpoint as ckmod  # noqa: E402
+from training.checkpoint import CheckpointError, verify  # noqa: E402
+
+
+class ShardedEngine(FakeEngine):
+    """Writes a sub-folder, as sharded engines (DeepSpeed, DCP) do: the manifest must cover it."""
+
+    def save(self, d: Path):
+        (Path(d) / "shards").mkdir()
+        torch.save({"w": self.w}, Path(d) / "shards" / "part0.pt")
+        super().save(d)
+
+
+def three(tmp_path, engine=FakeEngine):
+    ck = Checkpointer(tmp_path, keep_last=3, dist=DistInfo())
+    for step in (10, 20, 30):
+        ck.save(step, engine(step), {"tokens_seen": step}, {"loader": {"pos": step}})
+    return ck
+
+
+def test_manifest_covers_every_file(tmp_path):
+    ck = three(tmp_path, ShardedEngine)
+    path = ck.resolve("auto")
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert sorted(manifest["files"]) == ["client.pt", "engine.pt", "rank00000.pt", "shards/part0.pt"]
+    assert manifest["algorithm"] == "xxh3_128" and verify(path) is None
+
+
+@pytest.mark.parametrize("damage, words", [
+    ("flip", "engine.pt does not match its xxh3_128 checksum"),
+    ("truncate", "engine.pt has .* bytes, the manifest says .*truncated"),
+    ("delete", "shards/part0.pt is missing"),
+    ("manifest", "unreadable manifest.json"),
+])
+def test_damaged_newest_falls_back_with_a_warning(tmp_path, caplog, damage, words):
+    ck = three(tmp_path, ShardedEngine)
+    newest = tmp_path / "checkpoints" / "step_00000030"
+    if damage == "flip":
+        data = bytearray((newest / "engine.pt").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (newest / "engine.pt").write_bytes(bytes(data))
+    elif damage == "truncate":
+        with open(newest / "engine.pt", "r+b") as f:
+            f.truncate(100)
+    elif damage == "delete":
+        (newest / "shards" / "part0.pt").unlink()
+    else:
+        (newest / "manifest.json").write_text("{not json")
+    assert re.search(words, verify(newest))
+    with caplog.at_level(logging.WARNING):
+        path = ck.resolve("auto")
+    assert path.name == "step_00000020"
+    msg = caplog.text
+    assert "step_00000030 is damaged" in msg and "resuming from" in msg and "step_00000020" in msg
+    # moved aside (pruning and the next resume ignore it), pointer rewritten, older one loads
+    assert not newest.exists() and (tmp_path / "checkpoints" / "corrupt-step_00000030").is_dir()
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_00000020"
+    eng = FakeEngine()
+    client, _ = ck.load(path, eng)
+    assert client["step"] == 20 and eng.w[0].item() == 20.0
+
+
+def test_falls_back_through_several_and_fails_when_none_is_intact(tmp_path):
+    ck = three(tmp_path)
+    for step in (30, 20):
+        with open(tmp_path / "checkpoints" / f"step_{step:08d}" / "engine.pt", "r+b") as f:
+            f.truncate(10)
+    assert ck.resolve("auto").name == "step_00000010"
+    with open(tmp_path / "checkpoints" / "step_00000010" / "rank00000.pt", "r+b") as f:
+        f.truncate(10)
+    with pytest.raises(CheckpointError, match="no intact checkpoint.*step_00000010: rank00000.pt.*resume=none"):
+        ck.resolve("auto")
+
+
+def test_explicit_damaged_path_is_refused(tmp_path):
+    ck = three(tmp_path)
+    path = tmp_path / "checkpoints" / "step_00000020"
+    (path / "rank00000.pt").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="step_00000020 is damaged.*rank00000.pt.*resume=auto"):
+        ck.resolve(str(path))
+
+
+def test_pointer_wins_over_a_newer_folder(tmp_path):
+    """A crash between the rename and the pointer update leaves a newer folder than `latest`:
+    resume from `latest` (redoing a few steps gives the same result)."""
+    ck = three(tmp_path)
+    (tmp_path / "checkpoints" / "latest").write_text("step_00000020\n")
+    assert ck.resolve("auto").name == "step_00000020"
+
+
+def test_checkpoint_without_manifest_loads_unverified(tmp_path, caplog):
+    ck = three(tmp_path)
+    (tmp_path / "checkpoints" / "step_00000030" / "manifest.json").unlink()
+    with caplog.at_level(logging.WARNING):
+        assert ck.resolve("auto").name == "step_00000030"
+    assert "no manifest.json" in caplog.text
+
+
+def _enospc(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device", "engine.pt")
+
+
+@pytest.mark.parametrize("where", ["torch.save", "engine", "manifest"])
+def test_disk_full_raises_clearly_and_keeps_the_last_good(tmp_path, monkeypatch, where):
+    ck = three(tmp_path)
+    engine = FakeEngine(40)
+    if where == "torch.save":
+        monkeypatch.setattr(ckmod.torch, "save", _enospc)
+    elif where == "engine":  # torch.save reports a full disk as RuntimeError
+        def failing(d):
+            raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+        engine.save = failing
+    else:
+        monkeypatch.setattr(ckmod, "write_manifest", _enospc)
+    with pytest.raises(CheckpointError) as info:
+        ck.save(40, engine, {}, {})
+    msg = str(info.value)
+    assert "step_00000040" in msg and "step_00000030) is intact" in msg and "GiB free" in msg
+    assert ("ENOSPC" in msg) if where != "engine" else ("file write failed" in msg)
+    monkeypatch.undo()
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
+    assert not (tmp_path / "checkpoints" / "step_00000040").exists()
+    assert ck.resolve("auto").name == "step_00000030" and verify(ck.resolve("auto")) is None
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
+def test_read_only_folder_raises_clearly(tmp_path):
+    ck = three(tmp_path)
+    root = tmp_path / "checkpoints"
+    root.chmod(0o555)
+    try:
+        with pytest.raises(CheckpointError, match="EACCES.*step_00000030\\) is intact.*permissions"):
+            ck.save(40, FakeEngine(40), {}, {})
+    finally:
+        root.chmod(0o755)
+    assert ck.resolve("auto").name == "step_00000030"

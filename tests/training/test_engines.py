@@ -1,6 +1,7 @@
 """Engines on CPU under 2-process torchrun (gloo): DDP, FSDP2 and DeepSpeed ZeRO 0-3 train the same
 loss curve, resume bit for bit, and a 2-"node" torchrun rendezvous on localhost works."""
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -91,3 +92,13 @@ def test_two_node_rendezvous_on_localhost(tmp_path, cache_dir, ddp_curve):
         out, err = proc.communicate(timeout=600)
         check(subprocess.CompletedProcess(cmd, proc.returncode, out, err), cmd)
     assert losses(tmp_path / "nodes") == ddp_curve
+
+
+def test_deepspeed_launcher_starts_the_same_entry_point(tmp_path, cache_dir, straight):
+    """`deepspeed --num_gpus=2 launch/train.py ...` (it adds --local_rank) trains the same curve."""
+    base = train_cmd(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=dsl", *ENGINES["zero1"])
+    launcher = str(Path(base[0]).parent / "deepspeed")
+    cmd = [launcher, "--num_gpus=2", f"--master_port={free_port()}", *base[1:]]
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+    check(proc, cmd)
+    assert losses(tmp_path / "dsl") == straight("zero1")
