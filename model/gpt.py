@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from model.attention import CausalSelfAttention, resolve_backend
 from model.config import GPTConfig
+from model.loss import fused_linear_cross_entropy
 from model.rope import rope_cache
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,21 @@ class MLP(nn.Module):
 
     def forward(self, x):  # (B, T, d) -> (B, T, d)
         return self.dropout(self.proj(F.gelu(self.fc(x), approximate="tanh")))
+
+
+class LMHead(nn.Linear):
+    """Output projection to the vocabulary; with targets, returns the loss (fused in row chunks).
+
+    The loss runs inside this module's forward so that wrappers which gather parameters around a
+    module's forward (ZeRO-3, FSDP) see the (tied) weight in use."""
+
+    def forward(self, x, targets=None, fused: bool = True):  # x (B, T, d)
+        if targets is None:
+            return super().forward(x)  # logits (B, T, vocab)
+        if fused:
+            return fused_linear_cross_entropy(x, self.weight, targets)
+        logits = super().forward(x)
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
 
 
 class Block(nn.Module):
@@ -59,7 +75,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, self.attention_backend) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = LMHead(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied input/output embedding
         if cfg.pos_emb == "rope":
             cos, sin = rope_cache(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
@@ -97,7 +113,4 @@ class GPT(nn.Module):
         rope = (self.rope_cos, self.rope_sin) if self.cfg.pos_emb == "rope" else None
         for block in self.blocks:
             x = block(x, rope, cu_seqlens, max_seqlen)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+        return self.lm_head(self.ln_f(x), targets, self.cfg.fused_loss)  # logits (B, T, V) or loss

@@ -20,7 +20,7 @@ from training import faults
 from training.checkpoint import CheckpointError, Checkpointer, rng_state, set_rng_state
 from training.config import Config, grad_accum_steps, save_resolved, to_dict
 from training.distributed import DistInfo
-from training.engine import build_engine
+from training.engine import TorchEngine, build_engine
 from training.logging import RunLogger
 from training.metrics import DeferredScalars, ThroughputMeter, memory_stats, peak_flops
 from training.signals import StopSignal
@@ -180,12 +180,14 @@ class Trainer:
             log.warning(f"skipped {at}: non-finite loss or gradient norm ({self.skipped_steps} skipped "
                         f"so far, {self.consecutive_skips} in a row)")
         skip = getattr(self.engine, "skip_step", None)
-        if skip is not None:
+        if skip is not None:  # an engine with its own bookkeeping (e.g. DeepSpeed's micro-step count)
             skip()
-        else:
+        elif isinstance(self.engine, TorchEngine):  # grads live on the parameters (DDP, FSDP2)
             self.engine.model.zero_grad(set_to_none=True)
-            if getattr(self.engine, "optimizer", None) is not None:
-                self.engine.optimizer.zero_grad(set_to_none=True)
+            self.engine.optimizer.zero_grad(set_to_none=True)
+        else:
+            raise NonFiniteError(f"non-finite loss or gradient norm at {at}; {type(self.engine).__name__} "
+                                 f"cannot skip a step (it has no skip_step()), so the run stops here")
 
     def fit(self) -> None:
         cfg, t = self.cfg, self.cfg.train

@@ -33,6 +33,7 @@ flash_bwd_kernel(const Flash_bwd_params params) {
     constexpr int SN = BM / 8;  // n8 tiles of S^T (columns = queries) per 16-key slab
     constexpr int ON = D / 8;   // n8 tiles of dK / dV per slab
     constexpr int QN = Kt::kDQCols / 8;
+    constexpr int DQM = Kt::kDQMTiles;
     constexpr float kLog2e = 1.4426950408889634f;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -228,21 +229,24 @@ flash_bwd_kernel(const Flash_bwd_params params) {
         }
         __syncthreads();  // dS^T complete in shared memory
 
-        // ---- dQ_i += dS K : warp (dq_wm, dq_wn) computes rows dq_wm*16.. , cols dq_wn*kDQCols.. ---
-        float acc_dq[QN][4];
+        // ---- dQ_i += dS K : warp (dq_wm, dq_wn) computes rows dq_wm*16*DQM.., cols dq_wn*kDQCols.. --
+        float acc_dq[DQM][QN][4];
 #pragma unroll
-        for (int j = 0; j < QN; ++j)
+        for (int mt = 0; mt < DQM; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc_dq[j][e] = 0.f;
+            for (int j = 0; j < QN; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_dq[mt][j][e] = 0.f;
 #pragma unroll
         for (int kc = 0; kc < BN / 16; ++kc) {
             // A = dS (queries x keys) read transposed from dS^T:
             // matrices (keys 0-7, q 0-7), (keys 0-7, q 8-15), (keys 8-15, q 0-7), (keys 8-15, q 8-15)
-            uint32_t a[4];
-            {
+            uint32_t a[DQM][4];
+#pragma unroll
+            for (int mt = 0; mt < DQM; ++mt) {
                 const int r = kc * 16 + (lane / 16) * 8 + (lane % 8);
-                const int c = dq_wm * 16 + ((lane / 8) % 2) * 8;
-                ldmatrix_x4_trans(a, smem_u32(sdS + r * SDS + c));
+                const int c = (dq_wm * DQM + mt) * 16 + ((lane / 8) % 2) * 8;
+                ldmatrix_x4_trans(a[mt], smem_u32(sdS + r * SDS + c));
             }
 #pragma unroll
             for (int dp = 0; dp < QN / 2; ++dp) {
@@ -250,8 +254,11 @@ flash_bwd_kernel(const Flash_bwd_params params) {
                 const int r = kc * 16 + ((lane / 8) % 2) * 8 + (lane % 8);
                 const int c = dq_wn * Kt::kDQCols + dp * 16 + (lane / 16) * 8;
                 ldmatrix_x4_trans(bk, smem_u32(sK + r * S + c));
-                mma<T>(acc_dq[2 * dp], a, bk[0], bk[1]);
-                mma<T>(acc_dq[2 * dp + 1], a, bk[2], bk[3]);
+#pragma unroll
+                for (int mt = 0; mt < DQM; ++mt) {
+                    mma<T>(acc_dq[mt][2 * dp], a[mt], bk[0], bk[1]);
+                    mma<T>(acc_dq[mt][2 * dp + 1], a[mt], bk[2], bk[3]);
+                }
             }
         }
 
@@ -266,19 +273,22 @@ flash_bwd_kernel(const Flash_bwd_params params) {
             __syncthreads();
         }
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-            const int q = m * BM + dq_wm * 16 + g + hr * 8;
-            if (q < seq.sq) {
-                float *row = dq_ptr + int64_t(q) * dq_row_stride + dq_wn * Kt::kDQCols + 2 * t;
+        for (int mt = 0; mt < DQM; ++mt) {
 #pragma unroll
-                for (int j = 0; j < QN; ++j) {
+            for (int hr = 0; hr < 2; ++hr) {
+                const int q = m * BM + (dq_wm * DQM + mt) * 16 + g + hr * 8;
+                if (q < seq.sq) {
+                    float *row = dq_ptr + int64_t(q) * dq_row_stride + dq_wn * Kt::kDQCols + 2 * t;
+#pragma unroll
+                    for (int j = 0; j < QN; ++j) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-                    atomicAdd(reinterpret_cast<float2 *>(row + j * 8),
-                              make_float2(acc_dq[j][2 * hr], acc_dq[j][2 * hr + 1]));
+                        atomicAdd(reinterpret_cast<float2 *>(row + j * 8),
+                                  make_float2(acc_dq[mt][j][2 * hr], acc_dq[mt][j][2 * hr + 1]));
 #else
-                    atomicAdd(row + j * 8, acc_dq[j][2 * hr]);
-                    atomicAdd(row + j * 8 + 1, acc_dq[j][2 * hr + 1]);
+                        atomicAdd(row + j * 8, acc_dq[mt][j][2 * hr]);
+                        atomicAdd(row + j * 8 + 1, acc_dq[mt][j][2 * hr + 1]);
 #endif
+                    }
                 }
             }
         }

@@ -28,8 +28,8 @@ void run_flash_bwd(Flash_bwd_params &params, cudaStream_t stream) {
 
 // Tiles: (query rows per step, keys per block, warps, min blocks per SM); values in tile_config.h.
 
-template <int D, int BM, int BN, int W, int MINB, int UNROLL, typename T>
-using BwdTraits = Flash_bwd_kernel_traits<D, BM, BN, W, T, MINB, UNROLL>;
+template <int D, int BM, int BN, int W, int MINB, int UNROLL, int DQM, typename T>
+using BwdTraits = Flash_bwd_kernel_traits<D, BM, BN, W, T, MINB, UNROLL, DQM>;
 
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim64(Flash_bwd_params &params, cudaStream_t stream) {

@@ -36,7 +36,7 @@ struct Flash_fwd_kernel_traits {
 // blocks of kBlockM rows. Warps own 16-key slabs of the key block (S^T, dP^T, dK, dV in registers);
 // for dQ = dS K the warps are re-partitioned as (kBlockM/16) x kDQWarpsN.
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, typename elem_type,
-          int kMinBlocks_ = 1, int kKsUnroll_ = 1>
+          int kMinBlocks_ = 1, int kKsUnroll_ = 1, int kDQMTiles_ = 1>
 struct Flash_bwd_kernel_traits {
     using T = elem_type;
     static constexpr int kMinBlocks = kMinBlocks_;
@@ -51,10 +51,13 @@ struct Flash_bwd_kernel_traits {
     static constexpr int kMTiles = kBlockN / (16 * kNWarps);  // 16-key slabs per warp
     static_assert(kMTiles * 16 * kNWarps == kBlockN, "kBlockN must be a multiple of 16*warps");
     static_assert(kBlockM % 16 == 0, "kBlockM must be a multiple of 16");
-    // dQ partition: warps tile the (kBlockM x kHeadDim) output.
-    static constexpr int kDQWarpsM = kBlockM / 16;
+    // dQ partition: warps tile the (kBlockM x kHeadDim) output, kDQMTiles 16-row slabs each
+    // (2 slabs: each K fragment read from shared memory feeds 2 HMMAs).
+    static constexpr int kDQMTiles = kDQMTiles_;
+    static constexpr int kDQWarpsM = kBlockM / (16 * kDQMTiles);
     static constexpr int kDQWarpsN = kNWarps / kDQWarpsM;
-    static_assert(kDQWarpsM * kDQWarpsN == kNWarps, "warps must tile dQ");
+    static_assert(kDQWarpsM * 16 * kDQMTiles == kBlockM && kDQWarpsM * kDQWarpsN == kNWarps,
+                  "warps must tile dQ");
     static constexpr int kDQCols = kHeadDim / kDQWarpsN;  // dQ columns per warp
     static_assert(kDQCols % 16 == 0, "dQ columns per warp must be a multiple of 16");
 

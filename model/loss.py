@@ -1,0 +1,69 @@
+"""Cross-entropy of the output head without materialising full fp32 logits.
+
+A GPT step at 8k context and a 50k vocabulary makes (T, V) = 8192 × 50304 logits: 0.8 GB in bf16,
+1.6 GB more in fp32 for the softmax, and as much again for their gradient. `fused_linear_cross_entropy`
+walks the T rows in chunks: per chunk it computes the logits (the head matmul), the log-softmax in
+fp32, the loss, and at once the gradient of the loss with respect to the chunk's hidden states and
+the head weight (the loss is the end of the graph, so d loss / d logits is known in the forward
+pass). Only (T, d) + (V, d) gradients are kept for backward; no extra matmul FLOPs are spent (the
+three head matmuls of a normal step — logits, d hidden, d weight — run once each).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _compute_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return dtype
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk_rows: int):
+        """hidden (N, d), weight (V, d), targets (N,) int64 -> mean loss over N (fp32 scalar)."""
+        dtype = _compute_dtype(hidden.device, hidden.dtype)
+        with torch.autocast(hidden.device.type, enabled=False):
+            n = hidden.shape[0]
+            w = weight.to(dtype)
+            grad_hidden = torch.empty_like(hidden)
+            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            for start in range(0, n, chunk_rows):
+                h = hidden[start:start + chunk_rows].to(dtype)  # (c, d)
+                t = targets[start:start + chunk_rows]  # (c,)
+                logits = (h @ w.t()).float()  # (c, V) fp32
+                lse = torch.logsumexp(logits, dim=-1)  # (c,)
+                loss += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
+                # d(mean loss)/d logits = (softmax - onehot) / N
+                g = torch.exp(logits - lse[:, None])
+                g.scatter_add_(1, t[:, None], torch.full_like(t[:, None], -1, dtype=g.dtype))
+                g = (g / n).to(dtype)  # (c, V)
+                grad_hidden[start:start + chunk_rows] = (g @ w).to(hidden.dtype)  # (c, d)
+                grad_weight += (g.t() @ h).float()  # (V, d)
+        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+        return loss / n
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None
+
+
+def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                               chunk_rows: int = 4096) -> torch.Tensor:
+    """Mean cross-entropy of softmax(hidden @ weightᵀ) against targets.
+
+    hidden (..., d), weight (V, d), targets (...) int64. Equal to
+    F.cross_entropy((hidden @ weight.T).float(), targets) up to rounding, in far less memory.
+    """
+    h = hidden.reshape(-1, hidden.shape[-1])
+    t = targets.reshape(-1)
+    if not torch.is_grad_enabled() or not (h.requires_grad or weight.requires_grad):
+        dtype = _compute_dtype(h.device, h.dtype)
+        return sum(F.cross_entropy((h[s:s + chunk_rows].to(dtype) @ weight.to(dtype).t()).float(),
+                                   t[s:s + chunk_rows], reduction="sum")
+                   for s in range(0, h.shape[0], chunk_rows)) / h.shape[0]
+    return _FusedLinearCrossEntropy.apply(h, weight, t, chunk_rows)
