@@ -168,6 +168,14 @@ def _check_device(q: Tensor, k: Tensor, v: Tensor, name: str) -> None:
             raise ValueError(f"{name}: {n} is on '{t.device}'. " + _device_message(t.device))
 
 
+def _autocast(q: Tensor, k: Tensor, v: Tensor):
+    """Under torch.autocast("cuda"), fp32 CUDA inputs are cast to the autocast dtype (as SDPA does)."""
+    if q.is_cuda and q.dtype == torch.float32 and torch.is_autocast_enabled("cuda"):
+        dt = torch.get_autocast_dtype("cuda")
+        return q.to(dt), k.to(dt), v.to(dt)
+    return q, k, v
+
+
 def _scale(softmax_scale: Optional[float], d: int) -> float:
     if softmax_scale is None:
         return d ** -0.5
@@ -193,6 +201,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     deterministic: backward adds dQ contributions in a fixed order (bit-repeatable, slower).
     return_lse: also return the fp32 log-sum-exp (batch, heads, seqlen_q) (not differentiable).
     """
+    q, k, v = _autocast(q, k, v)
     _validate(q, k, v, 4, "flash_attn_func")
     d = q.shape[-1]
     scale = _scale(softmax_scale, d)
@@ -215,6 +224,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     lse (if returned): (heads, total_q) fp32.
     """
     name = "flash_attn_varlen_func"
+    q, k, v = _autocast(q, k, v)
     _validate(q, k, v, 3, name, check_device=False)
     for c, n in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
         if not isinstance(c, Tensor) or c.dim() != 1 or c.dtype != torch.int32:

@@ -14,7 +14,7 @@
 
 #if FLASH_TUNE == 0
 #define FLASH_FWD_HD64 128, 64, 4, 1
-#define FLASH_FWD_HD96 128, 64, 8, 1
+#define FLASH_FWD_HD96 128, 32, 4, 1
 #define FLASH_FWD_HD128 128, 64, 4, 1
 #define FLASH_BWD_HD64 32, 128, 4, 1, 4, 1
 #define FLASH_BWD_HD96 64, 128, 8, 1, 1, 1

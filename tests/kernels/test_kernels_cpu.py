@@ -37,6 +37,14 @@ def test_cpu_tensors_clear_error():
         kernels.flash_attn_func(q, q, q)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only behaviour")
+def test_build_entry_point_fails_clearly_without_cuda():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "kernels.build"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 1 and "CUDA is not available" in r.stderr
+
+
 def _qkv(b=1, s=8, h=2, d=64, dtype=torch.bfloat16, hk=None):
     hk = hk or h
     return (torch.randn(b, s, h, d, dtype=dtype), torch.randn(b, s, hk, d, dtype=dtype),

@@ -210,6 +210,16 @@ def test_torch_compile_fullgraph():
         torch.testing.assert_close(a, b_, rtol=2e-2, atol=2e-2)
 
 
+def test_autocast_fp32_inputs():
+    torch.manual_seed(next(_seed))
+    q, k, v = (torch.randn(2, 100, 2, 64, device="cuda") for _ in range(3))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = flash_attn_func(q, k, v, causal=True)
+    assert out.dtype == torch.bfloat16
+    ref = flash_attn_func(q.bfloat16(), k.bfloat16(), v.bfloat16(), causal=True)
+    assert torch.equal(out, ref)
+
+
 def test_opcheck():
     torch.manual_seed(next(_seed))
     q = torch.randn(2, 65, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)

@@ -79,3 +79,11 @@ def test_skip_counts_survive_resume(tmp_path, cache_dir, monkeypatch):
     b = fit(tmp_path, cache_dir, "b", fault="nan_grad:2", monkeypatch=monkeypatch).records
     strip = lambda r: {s: (v["loss"], v["lr"], v["skipped_steps"]) for s, v in r.items()}  # noqa: E731
     assert strip(a) == strip(b) and b[5]["skipped_steps"] == 1
+
+
+@pytest.mark.parametrize("override, words", [("train.nonfinite=ignore", "train.nonfinite='ignore' is not one of"),
+                                             ("train.max_skipped=0", "train.max_skipped=0 must be positive")])
+def test_policy_is_validated(override, words):
+    from training.config import ConfigError
+    with pytest.raises(ConfigError, match=words):
+        load_config("tiny_cpu.yaml", [override])

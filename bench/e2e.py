@@ -1,0 +1,136 @@
+"""End-to-end training throughput on one GPU: our trainer's real step beside plain-PyTorch steps,
+same shapes, same accumulation, one process.
+
+    python bench/e2e.py --config gpt_1.3b_8k.yaml --steps 12 --accum 8
+    python bench/e2e.py --config gpt_2.7b_8k.yaml --setups ours,eager_cudnn
+
+Setups:
+  ours           launch/train.py's Trainer.fit (data loader, accumulation, clipping, fused AdamW,
+                 logging, metrics) with the config's attention (our kernel when built); its figure is
+                 read back from the run's metrics.jsonl, i.e. the number users see in W&B
+  eager_cudnn    plain PyTorch: the same GPT with SDPA forced to cuDNN, eager, plain cross-entropy
+  eager_flash    the same with SDPA's FlashAttention-2 backend
+  compile_flash  torch.compile(model) with SDPA flash
+Plain steps feed random tokens already on the GPU and time with CUDA events (median of steps after
+warm-up). Model TFLOP/s per the paper: (6·N + 12·L·d·s) FLOPs per token; causal-aware: 6·N + 6·L·d·s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from model.gpt import GPT  # noqa: E402
+from training.config import load_config  # noqa: E402
+from training.metrics import measure_gemm_ceiling, peak_flops  # noqa: E402
+
+SDPA = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
+
+
+def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int) -> dict:
+    """Median seconds per optimizer step of a plain-PyTorch loop; peak memory in GB."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    mode, backend = setup.split("_")
+    mcfg = cfg.model
+    mcfg.attention, mcfg.fused_loss = "sdpa", False
+    torch.manual_seed(0)
+    model = GPT(mcfg, device=torch.device("cuda")).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    fwd = torch.compile(model) if mode == "compile" else model
+    T = mcfg.seq_len
+    data = torch.randint(0, mcfg.vocab_size, (accum, 1, T + 1), device="cuda")  # (accum, B=1, T+1)
+    times = []
+    torch.cuda.reset_peak_memory_stats()
+    with sdpa_kernel(getattr(SDPBackend, SDPA[backend])):
+        for i in range(warmup + steps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for m in range(accum):
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = fwd(data[m, :, :-1], data[m, :, 1:])
+                (loss / accum).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            end.record()
+            end.synchronize()
+            if i >= warmup:
+                times.append(start.elapsed_time(end) / 1e3)
+    out = {"step_s": statistics.median(times), "mem_gb": torch.cuda.max_memory_allocated() / 1e9}
+    del model, opt, fwd, data
+    torch.cuda.empty_cache()
+    return out
+
+
+def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum: int) -> dict:
+    """Run the real trainer; read its own per-step metrics (what the W&B/JSON-lines log shows)."""
+    from training.distributed import init_distributed
+    from training.trainer import Trainer
+
+    out_dir = tempfile.mkdtemp(prefix="e2e_")
+    cfg = load_config(config, [f"train.global_batch_size={accum}", "train.micro_batch_size=1",
+                               f"train.max_steps={warmup + steps}", "train.eval_interval=0",
+                               "train.ckpt_interval=0", "train.save_final=false", "logging.wandb=disabled",
+                               "logging.progress=false", f"train.out_dir={out_dir}",
+                               "train.run_name=ours", "train.resume=none", *overrides])
+    dist = init_distributed(cfg.train.device, cfg.engine.backend)
+    trainer = Trainer.build(cfg, dist)
+    torch.cuda.reset_peak_memory_stats()
+    trainer.fit()
+    records = [json.loads(line) for line in (Path(out_dir) / "ours" / "metrics.jsonl").read_text().splitlines()]
+    times = [r["step_time_s"] for r in records if r.get("step_time_s") and r["step"] > warmup]
+    backend = trainer.engine.model.attention_backend
+    del trainer
+    torch.cuda.empty_cache()
+    return {"step_s": statistics.median(times), "mem_gb": torch.cuda.max_memory_allocated() / 1e9,
+            "attention": backend}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="gpt_1.3b_8k.yaml")
+    p.add_argument("--setups", default="ours,eager_cudnn,compile_flash")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--accum", type=int, default=8, help="micro-batches (of 1 sequence) per optimizer step")
+    p.add_argument("overrides", nargs="*", help="config overrides for our trainer (key=value)")
+    args = p.parse_args(argv)
+    cfg = load_config(args.config)
+    tokens = args.accum * cfg.model.seq_len  # per optimizer step: accum micro-batches of one sequence
+    fpt, fpt_causal = cfg.model.flops_per_token(), cfg.model.flops_per_token(causal_aware=True)
+    peak, peak_src = peak_flops(torch.device("cuda"))
+    gemm = measure_gemm_ceiling(torch.device("cuda"))
+    rows = []
+    for setup in args.setups.split(","):
+        if setup == "ours":
+            r = ours_step_times(args.config, args.overrides, args.steps, args.warmup, args.accum)
+        else:
+            r = plain_step_times(load_config(args.config), setup, args.steps, args.warmup, args.accum)
+            r["attention"] = f"sdpa {setup.split('_')[1]}"
+        tok_s = tokens / r["step_s"]
+        rows.append((setup, r["attention"], tok_s, fpt * tok_s / 1e12, fpt_causal * tok_s / 1e12, r["mem_gb"]))
+    print(f"\n{args.config}: {cfg.model.num_params() / 1e6:.1f}M params, seq {cfg.model.seq_len}, "
+          f"{args.accum} x 1 micro-batches per step | {torch.cuda.get_device_name()} | torch {torch.__version__}"
+          f" | peak {peak_src} | measured bf16 GEMM ceiling {gemm / 1e12:.0f} TFLOP/s")
+    base = next((r[3] for r in rows if r[0] == "eager_cudnn"), None)
+    print("| setup | attention | tokens/s | TFLOP/s (paper) | TFLOP/s (causal) | MFU vs peak | vs GEMM ceiling "
+          "| peak mem GB | ratio vs eager_cudnn |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for setup, attn, tok_s, tf, tfc, mem in rows:
+        ratio = f"{tf / base:.3f}" if base else "-"
+        mfu = f"{100 * tf * 1e12 / peak:.1f}%" if peak else "n/a"
+        print(f"| {setup} | {attn} | {tok_s / 1e3:.1f}k | {tf:.0f} | {tfc:.0f} | {mfu} | "
+              f"{100 * tf * 1e12 / gemm:.1f}% | {mem:.1f} | {ratio} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
