@@ -8,6 +8,7 @@ Setups:
   ours           launch/train.py's Trainer.fit (data loader, accumulation, clipping, fused AdamW,
                  logging, metrics) with the config's attention (our kernel when built); its figure is
                  read back from the run's metrics.jsonl, i.e. the number users see in W&B
+  ours_flash     the same with model.attention=flash (our FA2 kernel)
   eager_cudnn    plain PyTorch: the same GPT with SDPA forced to cuDNN, eager, plain cross-entropy
   eager_flash    the same with SDPA's FlashAttention-2 backend
   compile_flash  torch.compile(model) with SDPA flash
@@ -110,8 +111,9 @@ def main(argv=None) -> int:
     gemm = measure_gemm_ceiling(torch.device("cuda"))
     rows = []
     for setup in args.setups.split(","):
-        if setup == "ours":
-            r = ours_step_times(args.config, args.overrides, args.steps, args.warmup, args.accum)
+        if setup in ("ours", "ours_flash"):
+            extra = ["model.attention=flash"] if setup == "ours_flash" else []
+            r = ours_step_times(args.config, [*args.overrides, *extra], args.steps, args.warmup, args.accum)
         else:
             r = plain_step_times(load_config(args.config), setup, args.steps, args.warmup, args.accum)
             r["attention"] = f"sdpa {setup.split('_')[1]}"

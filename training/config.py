@@ -86,6 +86,7 @@ class TrainConfig:
     eval_interval: int = 50  # steps between evaluations (0 = never)
     eval_steps: int = 4  # micro-batches per evaluation
     ckpt_interval: int = 50  # steps between checkpoints (0 = only at the end)
+    save_final: bool = True  # checkpoint when the run ends (benchmarks turn it off)
     keep_last: int = 3  # checkpoints kept
     resume: str = "auto"  # auto | none | path to a checkpoint folder
     compile: bool = False  # torch.compile the model

@@ -7,7 +7,6 @@ with a checkpoint; auto-resume falls back past damaged checkpoints (training/che
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -219,7 +218,7 @@ class Trainer:
                 if self._due(t.eval_interval) and self.val_loader is not None:
                     logger.log_eval(self.step, {"loss": self.evaluate()})
                     meter.mark(self.step)  # keep evaluation time out of tokens/s
-                if self._due(t.ckpt_interval) or self.step == stop_at or stop:
+                if self._due(t.ckpt_interval) or (self.step == stop_at and (t.save_final or self.step < t.max_steps)) or stop:
                     for step, metrics in deferred.flush():
                         logger.log(step, metrics)
                     path = self.save()
