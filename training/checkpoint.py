@@ -345,11 +345,17 @@ class Checkpointer:
         if client.get("format_version", 0) > FORMAT_VERSION:
             raise CheckpointError(f"{path} was written by a newer version (format "
                                   f"{client['format_version']} > {FORMAT_VERSION}); upgrade this checkout")
-        if client["world_size"] != self.dist.world_size:
+        saved_ranks = client["world_size"]
+        if saved_ranks != self.dist.world_size and not getattr(engine, "reshardable", False):
             raise CheckpointError(
-                f"{path} was saved with {client['world_size']} ranks, this run has "
-                f"{self.dist.world_size}; resume with the same number of processes")
+                f"{path} was saved with {saved_ranks} ranks, this run has {self.dist.world_size}, and "
+                f"{type(engine).__name__} cannot reshard its checkpoint: "
+                f"{getattr(engine, 'reshard_hint', '') or 'resume with the same number of processes'}")
         engine.load(path)
-        rank_file = path / f"rank{self.dist.rank:05d}.pt"
+        # Loader positions are global, so any rank's file continues the data order; on a new rank
+        # count, ranks without a file of their own read rank 0's and the trainer re-seeds their RNG.
+        own = path / f"rank{self.dist.rank:05d}.pt"
+        rank_file = own if saved_ranks == self.dist.world_size else path / "rank00000.pt"
         rank_state = torch.load(rank_file, map_location="cpu", weights_only=False)
+        rank_state["resharded_from"] = saved_ranks if saved_ranks != self.dist.world_size else None
         return client, rank_state

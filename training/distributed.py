@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -68,3 +69,24 @@ def init_distributed(device_request: str = "auto", backend: str = "auto") -> Dis
         kwargs = {"device_id": device} if backend == "nccl" else {}
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30), **kwargs)
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_process_group(info: DistInfo, backend: str = "auto") -> None:
+    """A 1-rank process group for engines that need one even in a plain `python launch/train.py`
+    (FSDP2, DeepSpeed); a no-op under torchrun, where init_distributed already made it."""
+    if dist.is_initialized():
+        return
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    if backend == "auto":
+        backend = "nccl" if info.device.type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, world_size=1, rank=0)

@@ -8,43 +8,18 @@ inside `forward_backward` and for the final one in `step`.
 from __future__ import annotations
 
 import json
-import os
-import socket
 from pathlib import Path
 from typing import Dict
 
 import torch
-import torch.distributed as tdist
 
 from training.config import Config
 from training.deepspeed_config import deepspeed_config
-from training.distributed import DistInfo
+from training.distributed import DistInfo, ensure_process_group
 from training.engine import Engine, autocast_dtype
 from training.optim import WarmupCosine, build_optimizer, param_groups
 
 TAG = "deepspeed"  # sub-folder of our checkpoint folder holding DeepSpeed's own files
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ensure_process_group(dist: DistInfo, backend: str) -> None:
-    """DeepSpeed wants a process group even for one process (plain `python launch/train.py`)."""
-    import deepspeed
-
-    if tdist.is_initialized():
-        return
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    if backend == "auto":
-        backend = "nccl" if dist.device.type == "cuda" else "gloo"
-    deepspeed.init_distributed(dist_backend=backend)
 
 
 class DeepSpeedEngine(Engine):
@@ -52,7 +27,14 @@ class DeepSpeedEngine(Engine):
         import deepspeed
 
         self.cfg, self.dist, self.device = cfg, dist, dist.device
-        _ensure_process_group(dist, cfg.engine.backend)
+        # ZeRO 1-3 save optimizer (and, at 3, parameter) shards per data-parallel rank.
+        self.reshardable = cfg.engine.zero_stage == 0
+        self.reshard_hint = (
+            f"resume on the number of GPUs it was saved with; ZeRO stage {cfg.engine.zero_stage} keeps "
+            "optimizer shards per rank, and DeepSpeed's universal-checkpoint conversion "
+            "(deepspeed.checkpoint.ds_to_universal) is not wired into this trainer yet. DDP, FSDP2 and "
+            "ZeRO-0 checkpoints reshard")
+        ensure_process_group(dist, cfg.engine.backend)
         self.ds_config = deepspeed_config(cfg, dist.world_size, self.device)
         self.amp_dtype = None  # DeepSpeed's bf16 mode holds bf16 weights itself; no autocast on top
         self._bf16 = autocast_dtype(cfg, self.device) is not None

@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from training.config import Config, grad_accum_steps
-from training.distributed import DistInfo
+from training.distributed import DistInfo, ensure_process_group
 from training.engine import TorchEngine, autocast_dtype
 from training.optim import WarmupCosine, build_optimizer
 
@@ -24,6 +24,7 @@ from training.optim import WarmupCosine, build_optimizer
 class FSDPEngine(TorchEngine):
     def __init__(self, model: torch.nn.Module, cfg: Config, dist: DistInfo):
         self.cfg, self.dist, self.device = cfg, dist, dist.device
+        ensure_process_group(dist, cfg.engine.backend)  # fully_shard needs a group, even of one
         self.accum = grad_accum_steps(cfg, dist.world_size)
         self.amp_dtype = autocast_dtype(cfg, self.device)
         model = model.to(self.device)

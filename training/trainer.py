@@ -102,7 +102,13 @@ class Trainer:
         self.skipped_steps = client.get("skipped_steps", 0)
         self.consecutive_skips = client.get("consecutive_skips", 0)
         self.train_loader.load_state_dict(rank_state["loader"])
-        set_rng_state(rank_state["rng"])
+        if rank_state["resharded_from"]:  # other rank count: RNG streams per rank start afresh
+            log.warning("resuming %s (saved on %d ranks) on %d ranks: the loss curve continues, but not "
+                        "bit for bit (the accumulation order changes)", path, rank_state["resharded_from"],
+                        self.dist.world_size)
+            torch.manual_seed(self.cfg.train.seed + 1000 * self.dist.rank + self.step)
+        else:
+            set_rng_state(rank_state["rng"])
         return path
 
     # --- the loop ---------------------------------------------------------------------------------

@@ -102,3 +102,26 @@ def test_deepspeed_launcher_starts_the_same_entry_point(tmp_path, cache_dir, str
     proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
     check(proc, cmd)
     assert losses(tmp_path / "dsl") == straight("zero1")
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
+def test_resume_on_fewer_ranks_continues_the_curve(tmp_path, cache_dir, straight, engine):
+    """Saved on 2 ranks at step 3, resumed on 1 (twice the accumulation, same global batch)."""
+    run(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=r", "train.stop_after=3",
+        *ENGINES[engine], nproc=2)
+    resumed = run(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=r", *ENGINES[engine], nproc=1)
+    assert "saved on 2 ranks" in resumed.stderr
+    curve, ref = losses(tmp_path / "r"), straight(engine)
+    assert sorted(curve) == sorted(ref)
+    for step in (4, 5, 6):  # fp32 on CPU: only the summation order differs
+        assert curve[step] == pytest.approx(ref[step], rel=1e-4), step
+
+
+def test_zero2_refuses_another_rank_count_with_a_clear_message(tmp_path, cache_dir):
+    run(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=z", "train.stop_after=3",
+        *ENGINES["zero2"], nproc=2)
+    cmd = train_cmd(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=z", *ENGINES["zero2"])
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "saved with 2 ranks" in proc.stderr and "cannot reshard" in proc.stderr
+    assert "Traceback" not in proc.stderr
