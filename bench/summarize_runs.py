@@ -1,0 +1,42 @@
+"""Summarise run folders' metrics.jsonl as a markdown table (steps after a warm-up).
+
+    python bench/summarize_runs.py --warmup 3 runs/a runs/b ...
+Per run: GPUs, median tokens/s per GPU, model TFLOP/s per GPU (paper and causal), MFU, peak memory
+(max over steps of the allocator's peak), and the losses of every step (to compare runs).
+"""
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def summarize(run_dir: Path, warmup: int) -> dict:
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in recs if "loss" in r]
+    timed = [r for r in train if r["step"] > warmup and r.get("tokens_per_s_per_gpu")]
+    med = lambda key: statistics.median(r[key] for r in timed) if timed else float("nan")  # noqa: E731
+    cfg = (run_dir / "config.yaml").read_text() if (run_dir / "config.yaml").exists() else ""
+    return {"run": run_dir.name, "tok_gpu": med("tokens_per_s_per_gpu"), "tflops": med("tflops_paper"),
+            "tflops_c": med("tflops_causal"), "mfu": med("mfu_paper") if timed and timed[0].get("mfu_paper") else None,
+            "mem": max((r.get("mem_max_alloc_gb") or 0) for r in train) if train else 0,
+            "losses": [round(r["loss"], 4) for r in train], "config": cfg}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("runs", nargs="+")
+    args = p.parse_args(argv)
+    print("| run | tokens/s per GPU | TFLOP/s per GPU (paper) | (causal) | MFU | peak mem GB | losses |")
+    print("|---|---|---|---|---|---|---|")
+    for d in args.runs:
+        s = summarize(Path(d), args.warmup)
+        mfu = "n/a" if s["mfu"] is None else f"{100 * s['mfu']:.1f}%"
+        print(f"| {s['run']} | {s['tok_gpu'] / 1e3:.1f}k | {s['tflops']:.0f} | {s['tflops_c']:.0f} | {mfu} | "
+              f"{s['mem']:.1f} | {' '.join(map(str, s['losses']))} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
