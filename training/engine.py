@@ -96,15 +96,29 @@ class TorchEngine(Engine):
             (loss / self.accum).backward()
         return loss.detach()
 
+    def grad_norm(self) -> torch.Tensor:
+        """Global L2 norm of the gradients, on the device (no sync). The trainer checks it for
+        non-finite values; `step` then clips with it rather than computing it a second time."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
+        if hasattr(norm, "full_tensor"):  # FSDP2: DTensor grads give a partial norm; reduce it
+            norm = norm.full_tensor()
+        self._norm = norm
+        return norm
+
     def step(self) -> Dict[str, torch.Tensor | float]:
         clip = self.cfg.optim.grad_clip
-        # clip_grad_norm_ with max_norm=inf only measures; the norm stays on the device (no sync).
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip > 0 else float("inf"))
+        norm = getattr(self, "_norm", None)
+        if norm is None:
+            norm = self.grad_norm()
+        if clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(self.params, clip, norm)
+        self._norm = None
         lr = self.scheduler.lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        return {"grad_norm": grad_norm, "lr": lr}
+        return {"grad_norm": norm, "lr": lr}
 
     @property
     def lr(self) -> float:

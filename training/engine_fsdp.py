@@ -53,13 +53,6 @@ class FSDPEngine(TorchEngine):
         (loss / self.accum).backward()
         return loss.detach()
 
-    def step(self):
-        stats = super().step()
-        norm = stats["grad_norm"]
-        if hasattr(norm, "full_tensor"):  # a DTensor: the norm over all shards
-            stats["grad_norm"] = norm.full_tensor()
-        return stats
-
     def save(self, directory: Path) -> None:
         """Collective: every rank writes its shards into <directory>/dcp/."""
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
