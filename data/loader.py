@@ -57,7 +57,10 @@ def doc_segments(x: np.ndarray, eos_id: int) -> tuple:
 class PackedLoader:
     def __init__(self, data_dir, split: str, seq_len: int, micro_batch_size: int, rank: int = 0,
                  world_size: int = 1, seed: int = 0, num_workers: int = 1, doc_boundaries: bool = False,
-                 eos_id: Optional[int] = None):
+                 eos_id: Optional[int] = None, epoch_multiple: Optional[int] = None):
+        """epoch_multiple: windows an epoch is cut to a multiple of (the trainer passes the global
+        batch), so the epoch length, and with it the data order, does not depend on the number of
+        ranks; default: world_size x micro_batch_size."""
         if seq_len <= 0 or micro_batch_size <= 0 or world_size <= 0 or not 0 <= rank < world_size:
             raise ValueError(f"bad loader shape: seq_len={seq_len} micro_batch_size={micro_batch_size} "
                              f"rank={rank} world_size={world_size}")
@@ -79,7 +82,12 @@ class PackedLoader:
                             f"step of world_size x micro_batch_size x seq_len + 1 = {need}; lower "
                             f"model.seq_len or train.micro_batch_size, or add data")
         self.n_windows = per_step if self._wrap else n_windows
-        self.len_per_epoch = self.n_windows // per_step  # batches per rank per epoch
+        multiple = epoch_multiple or per_step
+        if multiple % per_step:
+            raise ValueError(f"epoch_multiple={multiple} is not a multiple of world_size x "
+                             f"micro_batch_size = {per_step}")
+        usable = self.n_windows if self._wrap else max(per_step, self.n_windows // multiple * multiple)
+        self.len_per_epoch = usable // per_step  # batches per rank per epoch
         self._epoch, self._step = 0, 0  # consumed position
         self._perms: dict = {}  # epoch -> permutation (the newest two)
         self._perm_lock = threading.Lock()

@@ -65,7 +65,8 @@ class Trainer:
         common = dict(seq_len=cfg.model.seq_len, micro_batch_size=t.micro_batch_size,
                       eos_id=prepared.eos_id, doc_boundaries=cfg.data.doc_boundaries)
         train_loader = PackedLoader(prepared.dir, "train", rank=dist.rank, world_size=dist.world_size,
-                                    seed=t.seed, num_workers=cfg.data.num_workers, **common)
+                                    seed=t.seed, num_workers=cfg.data.num_workers,
+                                    epoch_multiple=t.global_batch_size, **common)
         val_loader = None
         if t.eval_interval > 0 and t.eval_steps > 0:
             val_loader = PackedLoader(prepared.dir, "val", rank=dist.rank, world_size=dist.world_size,

@@ -137,6 +137,26 @@ def test_resume_with_other_world_size(folder):
         L.close()
 
 
+def test_epoch_multiple_makes_order_independent_of_world_size(folder):
+    """With the epoch cut to a multiple of the global batch, 1 and 2 ranks see the same windows in
+    the same global order across epoch boundaries (20,011 tokens / 64 = 312 windows; global 8)."""
+    T, B, G = 64, 2, 8
+    one = PackedLoader(folder, "train", T, B, seed=4, num_workers=0, epoch_multiple=G)
+    two = [PackedLoader(folder, "train", T, B, rank=r, world_size=2, seed=4, num_workers=0, epoch_multiple=G)
+           for r in range(2)]
+    assert one.len_per_epoch * B == two[0].len_per_epoch * B * 2 == 312 // G * G
+    steps = 2 * one.len_per_epoch + 3  # crosses two epoch boundaries
+    seq_one = [one.next_batch().x for _ in range(steps)]
+    seq_two = []
+    for _ in range(steps // 2):
+        seq_two += [two[0].next_batch().x, two[1].next_batch().x]
+    assert all(torch.equal(a, b) for a, b in zip(seq_one, seq_two))
+    with pytest.raises(ValueError, match="epoch_multiple"):
+        PackedLoader(folder, "train", T, B, world_size=2, epoch_multiple=6)
+    for L in [one, *two]:
+        L.close()
+
+
 def test_incompatible_state(folder, tmp_path, stream):
     with PackedLoader(folder, "train", 64, 2, seed=1, num_workers=0) as L:
         take(L, 2)
