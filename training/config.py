@@ -87,6 +87,7 @@ class TrainConfig:
     eval_steps: int = 4  # micro-batches per evaluation
     ckpt_interval: int = 50  # steps between checkpoints (0 = only at the end)
     save_final: bool = True  # checkpoint when the run ends (benchmarks turn it off)
+    profile_step: int = 0  # profile this optimizer step: Chrome trace + attention/matmul time shares
     keep_last: int = 3  # checkpoints kept
     resume: str = "auto"  # auto | none | path to a checkpoint folder
     compile: bool = False  # torch.compile the model
@@ -220,6 +221,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     _choice(t.nonfinite, ("skip", "stop"), "train.nonfinite")
     if t.max_skipped <= 0:
         raise ConfigError(f"train.max_skipped={t.max_skipped} must be positive")
+    if t.profile_step < 0:
+        raise ConfigError(f"train.profile_step={t.profile_step} must be >= 0 (0 = no profiling)")
     if t.eval_interval < 0 or t.ckpt_interval < 0 or t.eval_steps < 0:
         raise ConfigError("train.eval_interval, train.eval_steps and train.ckpt_interval must be >= 0")
 

@@ -22,6 +22,7 @@ from training.distributed import DistInfo
 from training.engine import TorchEngine, build_engine
 from training.logging import RunLogger
 from training.metrics import DeferredScalars, ThroughputMeter, memory_stats, peak_flops
+from training.profiling import profile_call
 from training.signals import StopSignal
 
 log = logging.getLogger(__name__)
@@ -213,7 +214,17 @@ class Trainer:
         try:
             signals.__enter__()
             while self.step < stop_at:
-                values, stop = self.train_step(signals.requested)
+                if self.step + 1 == t.profile_step:  # one step under the profiler
+                    trace = self.run_dir / f"profile_step_{t.profile_step}.json"
+                    (values, stop), shares = profile_call(lambda: self.train_step(signals.requested),
+                                                          self.dist.device, trace)
+                    values = {**values, **shares}
+                    logger.info(f"profiled step {t.profile_step}: " + ", ".join(
+                        f"{k.removeprefix('time_share_')} {100 * v:.1f}%" for k, v in shares.items())
+                        + f" of {'kernel' if self.dist.device.type == 'cuda' else 'operator'} time; "
+                        f"trace {trace}")
+                else:
+                    values, stop = self.train_step(signals.requested)
                 self.step += 1
                 self.tokens_seen += self.tokens_per_step
                 if logger.should_log(self.step):

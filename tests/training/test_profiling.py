@@ -1,0 +1,36 @@
+"""Step profiling: kernel/operator names are classed as attention, matmul or other; a profiled
+step of a real run logs the shares and writes a Chrome trace."""
+import json
+
+import pytest
+from train_runner import losses, run
+
+from training.profiling import classify
+
+
+@pytest.mark.parametrize("name, cls", [
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4> >", "attention"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma", "attention"),
+    ("void flashgpt::flash_bwd_kernel<...>", "attention"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", "matmul"),
+    ("nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT", "matmul"),
+    ("aten::addmm", "matmul"),
+    ("aten::mm", "matmul"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>", "other"),
+    ("aten::layer_norm", "other"),
+])
+def test_classify(name, cls):
+    assert classify(name) == cls
+
+
+def test_profiled_step_logs_shares_and_trace(tmp_path):
+    cache = tmp_path / "cache"
+    run(tmp_path, cache, "train.max_steps=3", "train.run_name=p", "train.profile_step=2",
+        "train.eval_interval=0", "train.save_final=false")
+    recs = [json.loads(x) for x in (tmp_path / "p" / "metrics.jsonl").read_text().splitlines()]
+    step2 = next(r for r in recs if r["step"] == 2)
+    shares = [step2[f"time_share_{k}"] for k in ("attention", "matmul", "other")]
+    assert abs(sum(shares) - 1.0) < 1e-6 and all(s > 0 for s in shares)
+    assert (tmp_path / "p" / "profile_step_2.json").stat().st_size > 1000
+    assert sorted(losses(tmp_path / "p")) == [1, 2, 3]
