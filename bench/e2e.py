@@ -13,7 +13,8 @@ Setups:
   eager_flash    the same with SDPA's FlashAttention-2 backend
   compile_flash  torch.compile(model) with SDPA flash
 Plain steps feed random tokens already on the GPU and time with CUDA events (median of steps after
-warm-up). Model TFLOP/s per the paper: (6·N + 12·L·d·s) FLOPs per token; causal-aware: 6·N + 6·L·d·s.
+warm-up). One more step of each setup runs under torch.profiler for the attention share of GPU
+kernel time (training/profiling.py), outside the timed steps. Model TFLOP/s per the paper: (6·N + 12·L·d·s) FLOPs per token; causal-aware: 6·N + 6·L·d·s.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from model.gpt import GPT  # noqa: E402
 from training.config import load_config  # noqa: E402
 from training.metrics import measure_gemm_ceiling, peak_flops  # noqa: E402
+from training.profiling import profile_call  # noqa: E402
 
 SDPA = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 
@@ -49,26 +51,31 @@ def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int) -> di
     T = mcfg.seq_len
     data = torch.randint(0, mcfg.vocab_size, (accum, 1, T + 1), device="cuda")  # (accum, B=1, T+1)
     times = []
+
+    def one_step():
+        for m in range(accum):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = fwd(data[m, :, :-1], data[m, :, 1:])
+            (loss / accum).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
     torch.cuda.reset_peak_memory_stats()
     with sdpa_kernel(getattr(SDPBackend, SDPA[backend])):
         for i in range(warmup + steps):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            for m in range(accum):
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    loss = fwd(data[m, :, :-1], data[m, :, 1:])
-                (loss / accum).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            one_step()
             end.record()
             end.synchronize()
             if i >= warmup:
                 times.append(start.elapsed_time(end) / 1e3)
     out = {"step_s": statistics.median(times), "mem_gb": torch.cuda.max_memory_allocated() / 1e9}
-    del model, opt, fwd, data
-    torch.cuda.empty_cache()
-    return out
+    with sdpa_kernel(getattr(SDPBackend, SDPA[backend])):
+        _, shares = profile_call(one_step, torch.device("cuda"), Path(tempfile.mkdtemp()) / "trace.json")
+    out["attn_share"] = shares["time_share_attention"]
+    return out  # model, optimizer and data are freed with this frame
 
 
 def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum: int) -> dict:
@@ -78,7 +85,8 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
 
     out_dir = tempfile.mkdtemp(prefix="e2e_")
     cfg = load_config(config, [f"train.global_batch_size={accum}", "train.micro_batch_size=1",
-                               f"train.max_steps={warmup + steps}", "train.eval_interval=0",
+                               f"train.max_steps={warmup + steps + 1}", "train.eval_interval=0",
+                               f"train.profile_step={warmup + steps + 1}",  # one extra, profiled step
                                "train.ckpt_interval=0", "train.save_final=false", "logging.wandb=disabled",
                                "logging.progress=false", f"train.out_dir={out_dir}",
                                "train.run_name=ours", "train.resume=none", *overrides])
@@ -86,12 +94,15 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
     trainer = Trainer.build(cfg, dist)
     trainer.fit()
     records = [json.loads(line) for line in (Path(out_dir) / "ours" / "metrics.jsonl").read_text().splitlines()]
-    times = [r["step_time_s"] for r in records if r.get("step_time_s") and r["step"] > warmup]
+    last = warmup + steps + 1
+    times = [r["step_time_s"] for r in records if r.get("step_time_s") and warmup < r["step"] < last]
+    shares = next(r for r in records if r["step"] == last and "time_share_attention" in r)
     backend = trainer.engine.model.attention_backend
     del trainer
     torch.cuda.empty_cache()
     mem = max(r.get("mem_max_alloc_gb") or 0.0 for r in records)  # the trainer resets the peak per log
-    return {"step_s": statistics.median(times), "mem_gb": mem, "attention": backend}
+    return {"step_s": statistics.median(times), "mem_gb": mem, "attention": backend,
+            "attn_share": shares["time_share_attention"]}
 
 
 def main(argv=None) -> int:
@@ -116,20 +127,22 @@ def main(argv=None) -> int:
         else:
             r = plain_step_times(load_config(args.config), setup, args.steps, args.warmup, args.accum)
             r["attention"] = f"sdpa {setup.split('_')[1]}"
+        torch.cuda.empty_cache()
         tok_s = tokens / r["step_s"]
-        rows.append((setup, r["attention"], tok_s, fpt * tok_s / 1e12, fpt_causal * tok_s / 1e12, r["mem_gb"]))
+        rows.append((setup, r["attention"], tok_s, fpt * tok_s / 1e12, fpt_causal * tok_s / 1e12, r["mem_gb"],
+                     r["attn_share"]))
     print(f"\n{args.config}: {cfg.model.num_params() / 1e6:.1f}M params, seq {cfg.model.seq_len}, "
           f"{args.accum} x 1 micro-batches per step | {torch.cuda.get_device_name()} | torch {torch.__version__}"
           f" | peak {peak_src} | measured bf16 GEMM ceiling {gemm / 1e12:.0f} TFLOP/s")
     base = next((r[3] for r in rows if r[0] == "eager_cudnn"), None)
     print("| setup | attention | tokens/s | TFLOP/s (paper) | TFLOP/s (causal) | MFU vs peak | vs GEMM ceiling "
-          "| peak mem GB | ratio vs eager_cudnn |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for setup, attn, tok_s, tf, tfc, mem in rows:
+          "| peak mem GB | attention share of GPU time | ratio vs eager_cudnn |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for setup, attn, tok_s, tf, tfc, mem, share in rows:
         ratio = f"{tf / base:.3f}" if base else "-"
         mfu = f"{100 * tf * 1e12 / peak:.1f}%" if peak else "n/a"
         print(f"| {setup} | {attn} | {tok_s / 1e3:.1f}k | {tf:.0f} | {tfc:.0f} | {mfu} | "
-              f"{100 * tf * 1e12 / gemm:.1f}% | {mem:.1f} | {ratio} |")
+              f"{100 * tf * 1e12 / gemm:.1f}% | {mem:.1f} | {100 * share:.1f}% | {ratio} |")
     return 0
 
 
