@@ -9,9 +9,12 @@ Setups:
                  logging, metrics) with the config's attention (our kernel when built); its figure is
                  read back from the run's metrics.jsonl, i.e. the number users see in W&B
   ours_flash     the same with model.attention=flash (our FA2 kernel)
+  ours_compile, ours_flash_compile
+                 the same with train.compile=true (torch.compile of the model, our op traced inside)
   eager_cudnn    plain PyTorch: the same GPT with SDPA forced to cuDNN, eager, plain cross-entropy
   eager_flash    the same with SDPA's FlashAttention-2 backend
   compile_flash  torch.compile(model) with SDPA flash
+  compile_cudnn  torch.compile(model) with SDPA cuDNN
 Plain steps feed random tokens already on the GPU and time with CUDA events (median of steps after
 warm-up). One more step of each setup runs under torch.profiler for the attention share of GPU
 kernel time (training/profiling.py), outside the timed steps. Model TFLOP/s per the paper: (6·N + 12·L·d·s) FLOPs per token; causal-aware: 6·N + 6·L·d·s.
@@ -37,7 +40,7 @@ from training.profiling import profile_call  # noqa: E402
 SDPA = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 
 
-def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int) -> dict:
+def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, trace_dir: Path) -> dict:
     """Median seconds per optimizer step of a plain-PyTorch loop; peak memory in GB."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -73,27 +76,28 @@ def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int) -> di
                 times.append(start.elapsed_time(end) / 1e3)
     out = {"step_s": statistics.median(times), "mem_gb": torch.cuda.max_memory_allocated() / 1e9}
     with sdpa_kernel(getattr(SDPBackend, SDPA[backend])):
-        _, shares = profile_call(one_step, torch.device("cuda"), Path(tempfile.mkdtemp()) / "trace.json")
+        _, shares = profile_call(one_step, torch.device("cuda"), trace_dir / f"{setup}.json")
     out["attn_share"] = shares["time_share_attention"]
     return out  # model, optimizer and data are freed with this frame
 
 
-def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum: int) -> dict:
+def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum: int, run_name: str,
+                    trace_dir: Path) -> dict:
     """Run the real trainer; read its own per-step metrics (what the W&B/JSON-lines log shows)."""
     from training.distributed import init_distributed
     from training.trainer import Trainer
 
-    out_dir = tempfile.mkdtemp(prefix="e2e_")
+    out_dir = str(trace_dir)
     cfg = load_config(config, [f"train.global_batch_size={accum}", "train.micro_batch_size=1",
                                f"train.max_steps={warmup + steps + 1}", "train.eval_interval=0",
                                f"train.profile_step={warmup + steps + 1}",  # one extra, profiled step
                                "train.ckpt_interval=0", "train.save_final=false", "logging.wandb=disabled",
                                "logging.progress=false", f"train.out_dir={out_dir}",
-                               "train.run_name=ours", "train.resume=none", *overrides])
+                               f"train.run_name={run_name}", "train.resume=none", *overrides])
     dist = init_distributed(cfg.train.device, cfg.engine.backend)
     trainer = Trainer.build(cfg, dist)
     trainer.fit()
-    records = [json.loads(line) for line in (Path(out_dir) / "ours" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (Path(out_dir) / run_name / "metrics.jsonl").read_text().splitlines()]
     last = warmup + steps + 1
     times = [r["step_time_s"] for r in records if r.get("step_time_s") and warmup < r["step"] < last]
     shares = next(r for r in records if r["step"] == last and "time_share_attention" in r)
@@ -112,6 +116,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--accum", type=int, default=8, help="micro-batches (of 1 sequence) per optimizer step")
+    p.add_argument("--trace-dir", type=Path, default=None,
+                   help="where the profiled step's Chrome traces and top-kernel lists go (default: a temp dir)")
     p.add_argument("overrides", nargs="*", help="config overrides for our trainer (key=value)")
     args = p.parse_args(argv)
     cfg = load_config(args.config)
@@ -119,13 +125,20 @@ def main(argv=None) -> int:
     fpt, fpt_causal = cfg.model.flops_per_token(), cfg.model.flops_per_token(causal_aware=True)
     peak, peak_src = peak_flops(torch.device("cuda"))
     gemm = measure_gemm_ceiling(torch.device("cuda"))
+    trace_dir = args.trace_dir or Path(tempfile.mkdtemp(prefix="e2e_"))
+    trace_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for setup in args.setups.split(","):
-        if setup in ("ours", "ours_flash"):
-            extra = ["model.attention=flash"] if setup == "ours_flash" else []
-            r = ours_step_times(args.config, [*args.overrides, *extra], args.steps, args.warmup, args.accum)
+        if setup.startswith("ours"):
+            parts = set(setup.split("_")[1:])
+            if not parts <= {"flash", "compile"}:
+                raise SystemExit(f"unknown setup {setup!r}: ours, ours_flash, ours_compile, ours_flash_compile")
+            extra = (["model.attention=flash"] if "flash" in parts else []) + \
+                    (["train.compile=true"] if "compile" in parts else [])
+            r = ours_step_times(args.config, [*args.overrides, *extra], args.steps, args.warmup, args.accum,
+                                setup, trace_dir)
         else:
-            r = plain_step_times(load_config(args.config), setup, args.steps, args.warmup, args.accum)
+            r = plain_step_times(load_config(args.config), setup, args.steps, args.warmup, args.accum, trace_dir)
             r["attention"] = f"sdpa {setup.split('_')[1]}"
         torch.cuda.empty_cache()
         tok_s = tokens / r["step_s"]
@@ -133,7 +146,7 @@ def main(argv=None) -> int:
                      r["attn_share"]))
     print(f"\n{args.config}: {cfg.model.num_params() / 1e6:.1f}M params, seq {cfg.model.seq_len}, "
           f"{args.accum} x 1 micro-batches per step | {torch.cuda.get_device_name()} | torch {torch.__version__}"
-          f" | peak {peak_src} | measured bf16 GEMM ceiling {gemm / 1e12:.0f} TFLOP/s")
+          f" | traces {trace_dir} | peak {peak_src} | measured bf16 GEMM ceiling {gemm / 1e12:.0f} TFLOP/s")
     base = next((r[3] for r in rows if r[0] == "eager_cudnn"), None)
     print("| setup | attention | tokens/s | TFLOP/s (paper) | TFLOP/s (causal) | MFU vs peak | vs GEMM ceiling "
           "| peak mem GB | attention share of GPU time | ratio vs eager_cudnn |")

@@ -1,7 +1,8 @@
 """Where one training step's time goes: attention, matrix products, everything else.
 
 `train.profile_step=N` runs optimizer step N under torch.profiler, writes a Chrome trace to
-<run_dir>/profile_step_N.json and logs the shares. Kernels (on CUDA) or operators (on CPU) are put
+<run_dir>/profile_step_N.json and the 30 costliest kernels to profile_step_N.top.txt (name, class,
+share of kernel time, calls), and logs the shares. Kernels (on CUDA) or operators (on CPU) are put
 in a class by name, which is a heuristic: attention = our kernels and SDPA's flash / cuDNN /
 memory-efficient kernels; matmul = cuBLAS / CUTLASS GEMM kernels (or aten::mm-like ops on CPU).
 """
@@ -42,6 +43,22 @@ def time_shares(events, device_type: str) -> Dict[str, float]:
     return {f"time_share_{k}": v / whole for k, v in totals.items()}
 
 
+def top_kernels(events, device_type: str, n: int = 30) -> str:
+    """The n costliest kernels (CUDA) or operators (CPU) by self time, one per line:
+    share of the step's total, class, calls, name (cut to 120 characters)."""
+    rows = []
+    for e in events:
+        if device_type == "cuda" and getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        t = e.self_device_time_total if device_type == "cuda" else e.self_cpu_time_total
+        if t > 0:
+            rows.append((t, e.count, e.key))
+    whole = sum(r[0] for r in rows) or 1.0
+    rows.sort(reverse=True)
+    lines = [f"{100 * t / whole:6.2f}%  {classify(k):9s} {c:6d}x  {k[:120]}" for t, c, k in rows[:n]]
+    return "share   class     calls   name\n" + "\n".join(lines) + "\n"
+
+
 def profile_call(fn: Callable, device: torch.device, trace: Path) -> Tuple[object, Dict[str, float]]:
     """Run fn() under the profiler; return its result and the time shares. Writes a Chrome trace."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -51,4 +68,6 @@ def profile_call(fn: Callable, device: torch.device, trace: Path) -> Tuple[objec
             torch.cuda.synchronize(device)
     trace.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(trace))
-    return result, time_shares(prof.key_averages(), device.type)
+    events = prof.key_averages()
+    trace.with_suffix(".top.txt").write_text(top_kernels(events, device.type))
+    return result, time_shares(events, device.type)

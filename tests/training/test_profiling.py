@@ -33,4 +33,7 @@ def test_profiled_step_logs_shares_and_trace(tmp_path):
     shares = [step2[f"time_share_{k}"] for k in ("attention", "matmul", "other")]
     assert abs(sum(shares) - 1.0) < 1e-6 and all(s > 0 for s in shares)
     assert (tmp_path / "p" / "profile_step_2.json").stat().st_size > 1000
+    top = (tmp_path / "p" / "profile_step_2.top.txt").read_text().splitlines()
+    assert top[0].startswith("share") and len(top) > 5  # header + the costliest operators
+    assert any(" matmul " in line for line in top[1:]) and any(" attention " in line for line in top[1:])
     assert sorted(losses(tmp_path / "p")) == [1, 2, 3]
