@@ -17,8 +17,7 @@
 // Ragged edges need no explicit mask here: out-of-range Q/dO/K/V rows and LSE/D entries are
 // zero-filled, which makes every contribution they could make exactly zero.
 #pragma once
-#include "flash.h"
-#include "flash_fwd_kernel.h"  // SeqInfo
+#include "flash_bwd_common.h"
 #include "kernel_traits.h"
 
 namespace flash {
@@ -32,8 +31,6 @@ flash_bwd_kernel(const Flash_bwd_params params) {
     constexpr int SDS = Kt::kSmemDSStride;
     constexpr int SN = BM / 8;  // n8 tiles of S^T (columns = queries) per 16-key slab
     constexpr int ON = D / 8;   // n8 tiles of dK / dV per slab
-    constexpr int QN = Kt::kDQCols / 8;
-    constexpr int DQM = Kt::kDQMTiles;
     constexpr float kLog2e = 1.4426950408889634f;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -47,60 +44,27 @@ flash_bwd_kernel(const Flash_bwd_params params) {
 
     const int n_block = blockIdx.y;
     const int b = blockIdx.x / params.h, h = blockIdx.x % params.h;
-    const int h_k = h / params.h_h_k_ratio;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
 
     const SeqInfo seq(params, b);
     if (n_block * BN >= seq.sk) return;
     const int keys_left = seq.sk - n_block * BN;
-
-    const T *q_ptr = reinterpret_cast<const T *>(params.q_ptr) +
-                     seq.q_off(params, params.q_batch_stride, params.q_row_stride, params.q_head_stride, b, h);
-    const T *do_ptr = reinterpret_cast<const T *>(params.do_ptr) +
-                      seq.q_off(params, params.do_batch_stride, params.do_row_stride, params.do_head_stride, b, h);
-    const T *k_ptr = reinterpret_cast<const T *>(params.k_ptr) +
-                     seq.k_off(params, params.k_batch_stride, params.k_row_stride, params.k_head_stride, b, h_k) +
-                     int64_t(n_block) * BN * params.k_row_stride;
-    const T *v_ptr = reinterpret_cast<const T *>(params.v_ptr) +
-                     seq.k_off(params, params.v_batch_stride, params.v_row_stride, params.v_head_stride, b, h_k) +
-                     int64_t(n_block) * BN * params.v_row_stride;
-    T *dk_ptr = reinterpret_cast<T *>(params.dk_ptr) +
-                seq.k_off(params, params.dk_batch_stride, params.dk_row_stride, params.dk_head_stride, b, h) +
-                int64_t(n_block) * BN * params.dk_row_stride;
-    T *dv_ptr = reinterpret_cast<T *>(params.dv_ptr) +
-                seq.k_off(params, params.dv_batch_stride, params.dv_row_stride, params.dv_head_stride, b, h) +
-                int64_t(n_block) * BN * params.dv_row_stride;
-    // dq_accum: contiguous (b, seqlen_q, h, D) or (total_q, h, D) fp32.
-    const int64_t dq_row_stride = int64_t(params.h) * D;
-    float *dq_ptr = params.dq_accum_ptr +
-                    seq.q_off(params, int64_t(params.seqlen_q) * dq_row_stride, dq_row_stride, D, b, h);
-    const float *lse_ptr = params.lse_ptr + seq.lse_off(params, b, h);
-    const float *dsum_ptr = params.dsoftmax_sum_ptr + seq.lse_off(params, b, h);
+    const BwdBlockPtrs<T> gp(params, seq, b, h, n_block, BN, D);
 
     const int causal_off = seq.sk - seq.sq;  // bottom-right alignment
     const int m_block_min = Is_causal ? max(0, n_block * BN - causal_off) / BM : 0;
     const int m_block_max = cdiv(seq.sq, BM);
 
     auto load_q_block = [&](int m, int buf) {
-        const int rows = seq.sq - m * BM;
-        load_tile_async<BM, D, S, NT, Is_even>(sQ + buf * Kt::kSmemQElems,
-                                               q_ptr + int64_t(m) * BM * params.q_row_stride,
-                                               params.q_row_stride, rows, tid);
-        load_tile_async<BM, D, S, NT, Is_even>(sdO + buf * Kt::kSmemQElems,
-                                               do_ptr + int64_t(m) * BM * params.do_row_stride,
-                                               params.do_row_stride, rows, tid);
-        if (tid < BM) {
-            const bool ok = tid < rows;
-            const int i = ok ? m * BM + tid : 0;
-            cp_async_4(smem_u32(sLSE + buf * BM + tid), lse_ptr + i, ok);
-            cp_async_4(smem_u32(sDsum + buf * BM + tid), dsum_ptr + i, ok);
-        }
+        flash::load_q_block<BM, D, S, NT, Is_even>(params, gp, seq.sq, m, sQ + buf * Kt::kSmemQElems,
+                                                   sdO + buf * Kt::kSmemQElems, sLSE + buf * BM,
+                                                   sDsum + buf * BM, tid);
     };
 
     // ---- prologue: K_j, V_j and the first query block -----------------------------------------
-    load_tile_async<BN, D, S, NT, Is_even>(sK, k_ptr, params.k_row_stride, keys_left, tid);
-    load_tile_async<BN, D, S, NT, Is_even>(sV, v_ptr, params.v_row_stride, keys_left, tid);
+    load_tile_async<BN, D, S, NT, Is_even>(sK, gp.k, params.k_row_stride, keys_left, tid);
+    load_tile_async<BN, D, S, NT, Is_even>(sV, gp.v, params.v_row_stride, keys_left, tid);
     if (m_block_min < m_block_max) load_q_block(m_block_min, 0);
     cp_async_commit();
 
@@ -114,8 +78,6 @@ flash_bwd_kernel(const Flash_bwd_params params) {
 
     const float scale_log2 = params.scale_softmax_log2;
     const int warp_row0 = warp * MT * 16;  // first key (in the block) owned by this warp
-    const int dq_wm = warp % Kt::kDQWarpsM, dq_wn = warp / Kt::kDQWarpsM;
-    const int num_m_blocks_grid = cdiv(params.seqlen_q, BM);
 
     for (int m = m_block_min, it = 0; m < m_block_max; ++m, ++it) {
         const int buf = it & 1;
@@ -229,98 +191,15 @@ flash_bwd_kernel(const Flash_bwd_params params) {
         }
         __syncthreads();  // dS^T complete in shared memory
 
-        // ---- dQ_i += dS K : warp (dq_wm, dq_wn) computes rows dq_wm*16*DQM.., cols dq_wn*kDQCols.. --
-        float acc_dq[DQM][QN][4];
-#pragma unroll
-        for (int mt = 0; mt < DQM; ++mt)
-#pragma unroll
-            for (int j = 0; j < QN; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc_dq[mt][j][e] = 0.f;
-#pragma unroll
-        for (int kc = 0; kc < BN / 16; ++kc) {
-            // A = dS (queries x keys) read transposed from dS^T:
-            // matrices (keys 0-7, q 0-7), (keys 0-7, q 8-15), (keys 8-15, q 0-7), (keys 8-15, q 8-15)
-            uint32_t a[DQM][4];
-#pragma unroll
-            for (int mt = 0; mt < DQM; ++mt) {
-                const int r = kc * 16 + (lane / 16) * 8 + (lane % 8);
-                const int c = (dq_wm * DQM + mt) * 16 + ((lane / 8) % 2) * 8;
-                ldmatrix_x4_trans(a[mt], smem_u32(sdS + r * SDS + c));
-            }
-#pragma unroll
-            for (int dp = 0; dp < QN / 2; ++dp) {
-                uint32_t bk[4];
-                const int r = kc * 16 + ((lane / 8) % 2) * 8 + (lane % 8);
-                const int c = dq_wn * Kt::kDQCols + dp * 16 + (lane / 16) * 8;
-                ldmatrix_x4_trans(bk, smem_u32(sK + r * S + c));
-#pragma unroll
-                for (int mt = 0; mt < DQM; ++mt) {
-                    mma<T>(acc_dq[mt][2 * dp], a[mt], bk[0], bk[1]);
-                    mma<T>(acc_dq[mt][2 * dp + 1], a[mt], bk[2], bk[3]);
-                }
-            }
-        }
-
-        int *sem = nullptr;
-        if (params.deterministic) {
-            // Key blocks 0, 1, 2, ... add to dQ_i strictly in that order: a fixed summation order.
-            sem = params.dq_semaphore + (int64_t(b) * params.h + h) * num_m_blocks_grid + m;
-            if (tid == 0) {
-                while (*reinterpret_cast<volatile int *>(sem) != n_block) { }
-                __threadfence();
-            }
-            __syncthreads();
-        }
-#pragma unroll
-        for (int mt = 0; mt < DQM; ++mt) {
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-                const int q = m * BM + (dq_wm * DQM + mt) * 16 + g + hr * 8;
-                if (q < seq.sq) {
-                    float *row = dq_ptr + int64_t(q) * dq_row_stride + dq_wn * Kt::kDQCols + 2 * t;
-#pragma unroll
-                    for (int j = 0; j < QN; ++j) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-                        atomicAdd(reinterpret_cast<float2 *>(row + j * 8),
-                                  make_float2(acc_dq[mt][j][2 * hr], acc_dq[mt][j][2 * hr + 1]));
-#else
-                        atomicAdd(row + j * 8, acc_dq[mt][j][2 * hr]);
-                        atomicAdd(row + j * 8 + 1, acc_dq[mt][j][2 * hr + 1]);
-#endif
-                    }
-                }
-            }
-        }
-        if (params.deterministic) {
-            __threadfence();
-            __syncthreads();
-            if (tid == 0) atomicAdd(sem, 1);
-        }
+        // ---- dQ_i += dS K (atomics into dq_accum; ordered in deterministic mode) ----------------
+        dq_accumulate<Kt>(params, sdS, SDS, sK, gp.dq, gp.dq_row_stride, seq.sq, b, h, m, n_block, warp,
+                          lane, tid);
         // No trailing barrier needed: the next writes to sdS / this buffer come after the next
         // iteration's first __syncthreads, which every thread reaches only after finishing here.
     }
 
     // ---- epilogue: dK (times the softmax scale) and dV via shared memory (sK, sV reused) ---------
-    cp_async_wait<0>();
-    __syncthreads();
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-            const int r = warp_row0 + mt * 16 + g + hr * 8;
-#pragma unroll
-            for (int j = 0; j < ON; ++j) {
-                *reinterpret_cast<uint32_t *>(sK + r * S + j * 8 + 2 * t) =
-                    pack2<T>(acc_dk[mt][j][2 * hr] * params.scale_softmax,
-                             acc_dk[mt][j][2 * hr + 1] * params.scale_softmax);
-                *reinterpret_cast<uint32_t *>(sV + r * S + j * 8 + 2 * t) =
-                    pack2<T>(acc_dv[mt][j][2 * hr], acc_dv[mt][j][2 * hr + 1]);
-            }
-        }
-    __syncthreads();
-    store_tile<BN, D, S, NT>(dk_ptr, sK, params.dk_row_stride, keys_left, tid);
-    store_tile<BN, D, S, NT>(dv_ptr, sV, params.dv_row_stride, keys_left, tid);
+    store_dk_dv<Kt, MT, ON>(params, acc_dk, acc_dv, sK, sV, gp.dk, gp.dv, warp_row0, 0, keys_left, lane, tid);
 }
 
 }  // namespace flash

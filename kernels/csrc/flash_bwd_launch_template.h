@@ -3,7 +3,9 @@
 #pragma once
 #include "flash.h"
 #include "flash_bwd_kernel.h"
+#include "flash_bwd_kernel_2d.h"
 #include "kernel_traits.h"
+#include "launch.h"
 #include "static_switch.h"
 #include "tile_config.h"
 
@@ -16,13 +18,27 @@ void run_flash_bwd(Flash_bwd_params &params, cudaStream_t stream) {
     const bool is_even = params.cu_seqlens_q == nullptr && params.seqlen_q % Kt::kBlockM == 0 &&
                          params.seqlen_k % Kt::kBlockN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
-        auto kernel = &flash::flash_bwd_kernel<Kt, Is_causal, Is_even>;
-        constexpr int smem = Kt::kSmemBytes;
-        if (smem > 48 * 1024) {
-            FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        }
-        kernel<<<grid, Kt::kNThreads, smem, stream>>>(params);
-        FLASH_KERNEL_LAUNCH_CHECK();
+        launch_with_smem(&flash::flash_bwd_kernel<Kt, Is_causal, Is_even>, grid, Kt::kNThreads,
+                         Kt::kSmemBytes, params, stream);
+    });
+}
+
+// The same grid with the 2-D warp layout kernel (flash_bwd_kernel_2d.h); falls back to the 1-D
+// kernel Kt1 where the device cannot give the 2-D kernel its shared memory (e.g. A100).
+template <typename Kt, typename Kt1, bool Is_causal>
+void run_flash_bwd_2d(Flash_bwd_params &params, cudaStream_t stream) {
+    static const bool fits = Kt::kSmemBytes <= max_smem_optin();
+    if (!fits) {
+        run_flash_bwd<Kt1, Is_causal>(params, stream);
+        return;
+    }
+    const int num_n_blocks = flash::cdiv(params.seqlen_k, Kt::kBlockN);
+    dim3 grid(params.b * params.h, num_n_blocks);
+    const bool is_even = params.cu_seqlens_q == nullptr && params.seqlen_q % Kt::kBlockM == 0 &&
+                         params.seqlen_k % Kt::kBlockN == 0;
+    BOOL_SWITCH(is_even, Is_even, [&] {
+        launch_with_smem(&flash::flash_bwd_kernel_2d<Kt, Is_causal, Is_even>, grid, Kt::kNThreads,
+                         Kt::kSmemBytes, params, stream);
     });
 }
 
@@ -35,11 +51,25 @@ template <typename T, bool Is_causal>
 void run_mha_bwd_hdim64(Flash_bwd_params &params, cudaStream_t stream) {
     run_flash_bwd<BwdTraits<64, FLASH_BWD_HD64, T>, Is_causal>(params, stream);
 }
+// 2-D layout tiles: (query rows per step, keys per block, warps, key warps, 16-row dQ slabs per warp).
+template <int D, int BM, int BN, int W, int WK, int DQM, typename T>
+using Bwd2dTraits = Flash_bwd_2d_kernel_traits<D, BM, BN, W, WK, T, DQM>;
+
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim96(Flash_bwd_params &params, cudaStream_t stream) {
+#ifdef FLASH_BWD2D_HD96
+    run_flash_bwd_2d<Bwd2dTraits<96, FLASH_BWD2D_HD96, T>, BwdTraits<96, FLASH_BWD_HD96, T>, Is_causal>(
+        params, stream);
+#else
     run_flash_bwd<BwdTraits<96, FLASH_BWD_HD96, T>, Is_causal>(params, stream);
+#endif
 }
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim128(Flash_bwd_params &params, cudaStream_t stream) {
+#ifdef FLASH_BWD2D_HD128
+    run_flash_bwd_2d<Bwd2dTraits<128, FLASH_BWD2D_HD128, T>, BwdTraits<128, FLASH_BWD_HD128, T>, Is_causal>(
+        params, stream);
+#else
     run_flash_bwd<BwdTraits<128, FLASH_BWD_HD128, T>, Is_causal>(params, stream);
+#endif
 }

@@ -3,6 +3,7 @@
 #include "flash.h"
 #include "flash_fwd_kernel.h"
 #include "kernel_traits.h"
+#include "launch.h"
 #include "static_switch.h"
 #include "tile_config.h"
 
@@ -14,13 +15,8 @@ void run_flash_fwd(Flash_fwd_params &params, cudaStream_t stream) {
     const bool is_even = params.cu_seqlens_q == nullptr && params.seqlen_q % Kt::kBlockM == 0 &&
                          params.seqlen_k % Kt::kBlockN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
-        auto kernel = &flash::flash_fwd_kernel<Kt, Is_causal, Is_even>;
-        constexpr int smem = Kt::kSmemBytes;
-        if (smem > 48 * 1024) {
-            FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        }
-        kernel<<<grid, Kt::kNThreads, smem, stream>>>(params);
-        FLASH_KERNEL_LAUNCH_CHECK();
+        launch_with_smem(&flash::flash_fwd_kernel<Kt, Is_causal, Is_even>, grid, Kt::kNThreads,
+                         Kt::kSmemBytes, params, stream);
     });
 }
 

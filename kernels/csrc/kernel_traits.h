@@ -70,3 +70,47 @@ struct Flash_bwd_kernel_traits {
     static constexpr int kSmemElems = 2 * kSmemKVElems + 4 * kSmemQElems + kSmemDSElems;
     static constexpr int kSmemBytes = kSmemElems * int(sizeof(T)) + 4 * kBlockM * int(sizeof(float));
 };
+
+// Backward with a 2-D warp layout (the FA2 paper's partition for large head dims): the warps tile
+//   S^T / dP^T (kBlockN keys x kBlockM queries) as kWarpsK x kWarpsQ, each 16*kMTiles keys x
+//       kQCols queries;
+//   dK / dV    (kBlockN keys x kHeadDim)        as kWarpsK x kWarpsD, each 16*kMTiles keys x kDCols;
+//   dQ         (kBlockM queries x kHeadDim)     as kDQWarpsM x kDQWarpsN.
+// P^T and dS^T go through shared memory between the phases. Against the 1-D layout (16 keys per
+// warp, every warp reading the whole Q and dO tile twice) this cuts shared-memory reads per HMMA by
+// ~20% at the same dK/dV register budget (kernels/NOTES.md, v7).
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kWarpsK_, typename elem_type,
+          int kDQMTiles_ = 2>
+struct Flash_bwd_2d_kernel_traits {
+    using T = elem_type;
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kBlockM = kBlockM_;   // query rows per inner-loop step
+    static constexpr int kBlockN = kBlockN_;   // keys per thread block
+    static constexpr int kNWarps = kNWarps_;
+    static constexpr int kNThreads = kNWarps * 32;
+    static constexpr int kWarpsK = kWarpsK_;
+    static constexpr int kWarpsQ = kNWarps / kWarpsK;
+    static constexpr int kWarpsD = kNWarps / kWarpsK;
+    static constexpr int kMTiles = kBlockN / (16 * kWarpsK);   // 16-key slabs per warp
+    static constexpr int kQCols = kBlockM / kWarpsQ;           // queries per warp in S^T / dP^T
+    static constexpr int kDCols = kHeadDim / kWarpsD;          // head-dim columns per warp in dK / dV
+    static_assert(kWarpsK * kWarpsQ == kNWarps && kMTiles * 16 * kWarpsK == kBlockN, "key tiling");
+    static_assert(kQCols % 16 == 0 && kQCols * kWarpsQ == kBlockM, "query tiling");
+    static_assert(kDCols % 16 == 0 && kDCols * kWarpsD == kHeadDim, "head-dim tiling");
+    static constexpr int kDQMTiles = kDQMTiles_;
+    static constexpr int kDQWarpsM = kBlockM / (16 * kDQMTiles);
+    static constexpr int kDQWarpsN = kNWarps / kDQWarpsM;
+    static_assert(kDQWarpsM * 16 * kDQMTiles == kBlockM && kDQWarpsM * kDQWarpsN == kNWarps,
+                  "warps must tile dQ");
+    static constexpr int kDQCols = kHeadDim / kDQWarpsN;
+    static_assert(kDQCols % 16 == 0 && kDQCols * kDQWarpsN == kHeadDim, "dQ columns per warp");
+
+    static constexpr int kSmemStride = kHeadDim + 8;
+    static constexpr int kSmemPStride = kBlockM + 8;   // P^T / dS^T tiles: keys x queries
+    static constexpr int kSmemKVElems = kBlockN * kSmemStride;
+    static constexpr int kSmemQElems = kBlockM * kSmemStride;
+    static constexpr int kSmemPElems = kBlockN * kSmemPStride;
+    // K, V (once) + double-buffered Q and dO + P^T and dS^T, then fp32 LSE and D (double-buffered).
+    static constexpr int kSmemElems = 2 * kSmemKVElems + 4 * kSmemQElems + 2 * kSmemPElems;
+    static constexpr int kSmemBytes = kSmemElems * int(sizeof(T)) + 4 * kBlockM * int(sizeof(float));
+};

@@ -2,6 +2,9 @@
 //   forward:  (query rows per block, keys per step, warps, min blocks per SM)
 //   backward: (query rows per step, keys per block, warps, min blocks per SM, head-dim loop unroll,
 //              16-row dQ slabs per warp)
+//   backward, 2-D warp layout (FLASH_BWD2D_HD<d>, when defined it replaces FLASH_BWD_HD<d> on devices
+//              with enough shared memory): (query rows per step, keys per block, warps, key warps,
+//              16-row dQ slabs per warp)
 // FLASH_TUNE selects an alternative set for tuning sweeps, built side by side with
 //   FLASHGPT_NVCC_EXTRA=-DFLASH_TUNE=<n> python -m kernels.bench --only-ours ...
 // (macros, not -D values with commas: nvcc splits -D arguments at commas).
@@ -10,6 +13,13 @@
 
 #ifndef FLASH_TUNE
 #define FLASH_TUNE 0
+#elif FLASH_TUNE == 9   // the default set without the 2-D backward (v6 state, for A/B runs)
+#define FLASH_FWD_HD64 128, 64, 4, 1
+#define FLASH_FWD_HD96 128, 32, 4, 1
+#define FLASH_FWD_HD128 128, 64, 4, 1
+#define FLASH_BWD_HD64 32, 128, 4, 1, 4, 1
+#define FLASH_BWD_HD96 64, 128, 8, 1, 1, 1
+#define FLASH_BWD_HD128 64, 128, 8, 1, 1, 1
 #endif
 
 #if FLASH_TUNE == 0
@@ -19,6 +29,8 @@
 #define FLASH_BWD_HD64 32, 128, 4, 1, 4, 1
 #define FLASH_BWD_HD96 64, 128, 8, 1, 1, 1
 #define FLASH_BWD_HD128 64, 128, 8, 1, 1, 1
+#define FLASH_BWD2D_HD96 64, 128, 8, 4, 1
+#define FLASH_BWD2D_HD128 64, 128, 8, 4, 2
 #elif FLASH_TUNE == 1   // v1 forward tiles: 16 query rows per warp
 #define FLASH_FWD_HD64 128, 128, 8, 1
 #define FLASH_FWD_HD96 128, 64, 8, 1
@@ -75,4 +87,11 @@
 #define FLASH_BWD_HD64 32, 128, 4, 1, 4, 2
 #define FLASH_BWD_HD96 64, 128, 8, 1, 1, 1
 #define FLASH_BWD_HD128 64, 128, 8, 1, 1, 2
+#elif FLASH_TUNE == 9   // the default set without the 2-D backward (v6 state, for A/B runs)
+#define FLASH_FWD_HD64 128, 64, 4, 1
+#define FLASH_FWD_HD96 128, 32, 4, 1
+#define FLASH_FWD_HD128 128, 64, 4, 1
+#define FLASH_BWD_HD64 32, 128, 4, 1, 4, 1
+#define FLASH_BWD_HD96 64, 128, 8, 1, 1, 1
+#define FLASH_BWD_HD128 64, 128, 8, 1, 1, 1
 #endif

@@ -1,0 +1,178 @@
+// Pieces shared by the two backward kernels (1-D warp layout: flash_bwd_kernel.h; 2-D warp layout:
+// flash_bwd_kernel_2d.h): per-block global pointers, the Q/dO/LSE/D block loader, dQ = dS K with
+// its atomic (optionally ordered) accumulation, and the dK/dV epilogue.
+#pragma once
+#include "flash.h"
+#include "flash_fwd_kernel.h"  // SeqInfo
+#include "utils.h"
+
+namespace flash {
+
+// Global pointers of one backward thread block: (batch b, query head h, key block n_block).
+template <typename T>
+struct BwdBlockPtrs {
+    const T *q, *dO, *k, *v;     // q/dO at row 0 of the sequence; k/v at the block's first key
+    T *dk, *dv;                  // at the block's first key (per query head)
+    float *dq;                   // fp32 dq_accum at row 0, row stride dq_row_stride
+    const float *lse, *dsum;     // row statistics at row 0
+    int64_t dq_row_stride;
+
+    __device__ BwdBlockPtrs(const Flash_bwd_params &p, const SeqInfo &seq, int b, int h, int n_block,
+                            int block_n, int head_dim) {
+        const int h_k = h / p.h_h_k_ratio;
+        q = reinterpret_cast<const T *>(p.q_ptr) +
+            seq.q_off(p, p.q_batch_stride, p.q_row_stride, p.q_head_stride, b, h);
+        dO = reinterpret_cast<const T *>(p.do_ptr) +
+             seq.q_off(p, p.do_batch_stride, p.do_row_stride, p.do_head_stride, b, h);
+        const int64_t key0 = int64_t(n_block) * block_n;
+        k = reinterpret_cast<const T *>(p.k_ptr) +
+            seq.k_off(p, p.k_batch_stride, p.k_row_stride, p.k_head_stride, b, h_k) + key0 * p.k_row_stride;
+        v = reinterpret_cast<const T *>(p.v_ptr) +
+            seq.k_off(p, p.v_batch_stride, p.v_row_stride, p.v_head_stride, b, h_k) + key0 * p.v_row_stride;
+        dk = reinterpret_cast<T *>(p.dk_ptr) +
+             seq.k_off(p, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, b, h) + key0 * p.dk_row_stride;
+        dv = reinterpret_cast<T *>(p.dv_ptr) +
+             seq.k_off(p, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, b, h) + key0 * p.dv_row_stride;
+        // dq_accum: contiguous (b, seqlen_q, h, D) or (total_q, h, D) fp32.
+        dq_row_stride = int64_t(p.h) * head_dim;
+        dq = p.dq_accum_ptr + seq.q_off(p, int64_t(p.seqlen_q) * dq_row_stride, dq_row_stride, head_dim, b, h);
+        lse = p.lse_ptr + seq.lse_off(p, b, h);
+        dsum = p.dsoftmax_sum_ptr + seq.lse_off(p, b, h);
+    }
+};
+
+// cp.async of query block m: Q and dO tiles (BM x D, rows past the sequence zero-filled) and the
+// LSE / D entries (zero past the end) into buffer `buf` of the double-buffered shared arrays.
+template <int BM, int D, int S, int NT, bool Is_even, typename T>
+__device__ __forceinline__ void load_q_block(const Flash_bwd_params &p, const BwdBlockPtrs<T> &g,
+                                             int sq, int m, T *sQ, T *sdO, float *sLSE, float *sDsum,
+                                             int tid) {
+    const int rows = sq - m * BM;
+    load_tile_async<BM, D, S, NT, Is_even>(sQ, g.q + int64_t(m) * BM * p.q_row_stride, p.q_row_stride,
+                                           rows, tid);
+    load_tile_async<BM, D, S, NT, Is_even>(sdO, g.dO + int64_t(m) * BM * p.do_row_stride,
+                                           p.do_row_stride, rows, tid);
+    if (tid < BM) {
+        const bool ok = tid < rows;
+        const int i = ok ? m * BM + tid : 0;
+        cp_async_4(smem_u32(sLSE + tid), g.lse + i, ok);
+        cp_async_4(smem_u32(sDsum + tid), g.dsum + i, ok);
+    }
+}
+
+// dQ_i += dS K for query block m. dS^T (BN keys x BM queries, row stride SDS) and K (BN x D, row
+// stride S) are in shared memory and complete. Warp (wm, wn) of a kDQWarpsM x kDQWarpsN grid
+// computes rows (wm*DQM .. +DQM)*16 and columns wn*kDQCols .. +kDQCols, then adds them to the fp32
+// accumulator with atomics; in deterministic mode key block n_block waits until blocks 0..n_block-1
+// have added theirs (a fixed summation order).
+template <typename Kt>
+__device__ __forceinline__ void dq_accumulate(const Flash_bwd_params &p, const typename Kt::T *sdS, int SDS,
+                                              const typename Kt::T *sK, float *dq, int64_t dq_row_stride,
+                                              int sq, int b, int h, int m, int n_block, int warp,
+                                              int lane, int tid) {
+    using T = typename Kt::T;
+    constexpr int BN = Kt::kBlockN, BM = Kt::kBlockM, S = Kt::kSmemStride;
+    constexpr int DQM = Kt::kDQMTiles, QN = Kt::kDQCols / 8;
+    const int g = lane / 4, t = lane % 4;
+    const int dq_wm = warp % Kt::kDQWarpsM, dq_wn = warp / Kt::kDQWarpsM;
+    float acc_dq[DQM][QN][4];
+#pragma unroll
+    for (int mt = 0; mt < DQM; ++mt)
+#pragma unroll
+        for (int j = 0; j < QN; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dq[mt][j][e] = 0.f;
+#pragma unroll
+    for (int kc = 0; kc < BN / 16; ++kc) {
+        // A = dS (queries x keys) read transposed from dS^T:
+        // matrices (keys 0-7, q 0-7), (keys 0-7, q 8-15), (keys 8-15, q 0-7), (keys 8-15, q 8-15)
+        uint32_t a[DQM][4];
+#pragma unroll
+        for (int mt = 0; mt < DQM; ++mt) {
+            const int r = kc * 16 + (lane / 16) * 8 + (lane % 8);
+            const int c = (dq_wm * DQM + mt) * 16 + ((lane / 8) % 2) * 8;
+            ldmatrix_x4_trans(a[mt], smem_u32(sdS + r * SDS + c));
+        }
+#pragma unroll
+        for (int dp = 0; dp < QN / 2; ++dp) {
+            uint32_t bk[4];
+            const int r = kc * 16 + ((lane / 8) % 2) * 8 + (lane % 8);
+            const int c = dq_wn * Kt::kDQCols + dp * 16 + (lane / 16) * 8;
+            ldmatrix_x4_trans(bk, smem_u32(sK + r * S + c));
+#pragma unroll
+            for (int mt = 0; mt < DQM; ++mt) {
+                mma<T>(acc_dq[mt][2 * dp], a[mt], bk[0], bk[1]);
+                mma<T>(acc_dq[mt][2 * dp + 1], a[mt], bk[2], bk[3]);
+            }
+        }
+    }
+
+    int *sem = nullptr;
+    if (p.deterministic) {
+        const int num_m_blocks_grid = cdiv(p.seqlen_q, BM);
+        sem = p.dq_semaphore + (int64_t(b) * p.h + h) * num_m_blocks_grid + m;
+        if (tid == 0) {
+            while (*reinterpret_cast<volatile int *>(sem) != n_block) { }
+            __threadfence();
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int mt = 0; mt < DQM; ++mt) {
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const int q = m * BM + (dq_wm * DQM + mt) * 16 + g + hr * 8;
+            if (q < sq) {
+                float *row = dq + int64_t(q) * dq_row_stride + dq_wn * Kt::kDQCols + 2 * t;
+#pragma unroll
+                for (int j = 0; j < QN; ++j) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                    atomicAdd(reinterpret_cast<float2 *>(row + j * 8),
+                              make_float2(acc_dq[mt][j][2 * hr], acc_dq[mt][j][2 * hr + 1]));
+#else
+                    atomicAdd(row + j * 8, acc_dq[mt][j][2 * hr]);
+                    atomicAdd(row + j * 8 + 1, acc_dq[mt][j][2 * hr + 1]);
+#endif
+                }
+            }
+        }
+    }
+    if (p.deterministic) {
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) atomicAdd(sem, 1);
+    }
+}
+
+// Epilogue: a warp's dK (times the softmax scale) and dV accumulators, MT 16-key slabs from key row0
+// x ON n8 tiles from column col0, are staged as 16-bit values in sK / sV (free by now), then the
+// block writes the (BN x D) tiles to global memory. Rows past keys_left are not written.
+template <typename Kt, int MT, int ON>
+__device__ __forceinline__ void store_dk_dv(const Flash_bwd_params &p, const float (&acc_dk)[MT][ON][4],
+                                            const float (&acc_dv)[MT][ON][4], typename Kt::T *sK,
+                                            typename Kt::T *sV, typename Kt::T *dk, typename Kt::T *dv,
+                                            int row0, int col0, int keys_left, int lane, int tid) {
+    using T = typename Kt::T;
+    constexpr int S = Kt::kSmemStride;
+    const int g = lane / 4, t = lane % 4;
+    cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const int r = row0 + mt * 16 + g + hr * 8;
+#pragma unroll
+            for (int j = 0; j < ON; ++j) {
+                const int c = col0 + j * 8 + 2 * t;
+                *reinterpret_cast<uint32_t *>(sK + r * S + c) =
+                    pack2<T>(acc_dk[mt][j][2 * hr] * p.scale_softmax, acc_dk[mt][j][2 * hr + 1] * p.scale_softmax);
+                *reinterpret_cast<uint32_t *>(sV + r * S + c) = pack2<T>(acc_dv[mt][j][2 * hr], acc_dv[mt][j][2 * hr + 1]);
+            }
+        }
+    __syncthreads();
+    store_tile<Kt::kBlockN, Kt::kHeadDim, S, Kt::kNThreads>(dk, sK, p.dk_row_stride, keys_left, tid);
+    store_tile<Kt::kBlockN, Kt::kHeadDim, S, Kt::kNThreads>(dv, sV, p.dv_row_stride, keys_left, tid);
+}
+
+}  // namespace flash
