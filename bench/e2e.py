@@ -118,6 +118,8 @@ def main(argv=None) -> int:
     p.add_argument("--accum", type=int, default=8, help="micro-batches (of 1 sequence) per optimizer step")
     p.add_argument("--trace-dir", type=Path, default=None,
                    help="where the profiled step's Chrome traces and top-kernel lists go (default: a temp dir)")
+    p.add_argument("--keep-traces", action="store_true",
+                   help="keep the Chrome traces (large); the top-kernel lists are always kept")
     p.add_argument("overrides", nargs="*", help="config overrides for our trainer (key=value)")
     args = p.parse_args(argv)
     cfg = load_config(args.config)
@@ -141,9 +143,14 @@ def main(argv=None) -> int:
             r = plain_step_times(load_config(args.config), setup, args.steps, args.warmup, args.accum, trace_dir)
             r["attention"] = f"sdpa {setup.split('_')[1]}"
         torch.cuda.empty_cache()
+        if not args.keep_traces:
+            for trace in [*trace_dir.glob("*.json"), *trace_dir.glob("*/profile_step_*.json")]:
+                trace.unlink()
         tok_s = tokens / r["step_s"]
         rows.append((setup, r["attention"], tok_s, fpt * tok_s / 1e12, fpt_causal * tok_s / 1e12, r["mem_gb"],
                      r["attn_share"]))
+        print(f"[e2e] {setup}: {tok_s / 1e3:.1f}k tokens/s, {fpt * tok_s / 1e12:.0f} TFLOP/s (paper), "
+              f"attention {100 * r['attn_share']:.1f}% of GPU time", flush=True)
     print(f"\n{args.config}: {cfg.model.num_params() / 1e6:.1f}M params, seq {cfg.model.seq_len}, "
           f"{args.accum} x 1 micro-batches per step | {torch.cuda.get_device_name()} | torch {torch.__version__}"
           f" | traces {trace_dir} | peak {peak_src} | measured bf16 GEMM ceiling {gemm / 1e12:.0f} TFLOP/s")
