@@ -1,33 +1,56 @@
 #!/usr/bin/env bash
-# Engines on 1 and N GPUs of one host at GPT-1.3B, seq 8192, the same global batch (8 sequences):
-# tokens/s and model TFLOP/s per GPU, peak memory, and the loss curves (N-GPU vs 1-GPU), then a
-# resume onto another GPU count (FSDP2, 125M model). Usage (on the GPU machine, repo root):
+# Engines on 1 and N GPUs of one host, the same global batch (8 sequences): tokens/s and model
+# TFLOP/s per GPU, peak memory, and the loss curves (N-GPU vs 1-GPU), then (RESUME=1) a resume onto
+# another GPU count (FSDP2, 125M model). Usage (on the GPU machine, repo root):
 #   NGPU=2 STEPS=6 bash bench/multi_gpu.sh [out_dir]
+#   CONFIG=gpt_2.7b_8k.yaml ENGINES="ddp zero2" GPUS="1 2" RESUME=0 bash bench/multi_gpu.sh /tmp/mg27
+# ENGINES: ddp, fsdp (FSDP2), zero0..zero3 (DeepSpeed). GPUS: the GPU counts to run each engine on.
+# 1-GPU runs go two at a time (one per GPU) when NGPU >= 2: they share nothing but the host.
 set -uo pipefail
 NGPU=${NGPU:-2}; STEPS=${STEPS:-6}; OUT=${1:-/tmp/mg}
 CONFIG=${CONFIG:-gpt_1.3b_8k.yaml}; RCONFIG=${RCONFIG:-gpt_125m_2k.yaml}  # the CPU dry run uses tiny_cpu.yaml
+ENGINES=${ENGINES:-ddp fsdp zero1 zero2 zero3}; GPUS=${GPUS:-1 $NGPU}; RESUME=${RESUME:-1}
+RUN_TIMEOUT=${RUN_TIMEOUT:-240}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 COMMON="train.global_batch_size=8 train.max_steps=$STEPS train.eval_interval=0 train.ckpt_interval=0 \
 train.save_final=false logging.progress=false logging.wandb=disabled train.out_dir=$OUT data.cache_dir=$OUT/cache"
+mkdir -p $OUT
 python3 -m data.prepare --config $CONFIG data.cache_dir=$OUT/cache >/dev/null 2>&1
-go() {  # name nproc overrides...
-  local name=$1 n=$2; shift 2
-  timeout 240 torchrun --standalone --nproc_per_node=$n launch/train.py --config $CONFIG \
-    $COMMON train.run_name=$name "$@" > $OUT/$name.log 2>&1 || echo "FAILED: $name (see $OUT/$name.log)"
+
+engine_args() {  # engine name -> config overrides
+  case $1 in
+    ddp) echo "" ;;
+    fsdp) echo "engine.parallel=fsdp" ;;
+    zero[0-3]) echo "engine.type=deepspeed engine.zero_stage=${1#zero}" ;;
+    *) echo "unknown engine $1 (ddp, fsdp, zero0..zero3)" >&2; return 1 ;;
+  esac
+}
+go() {  # engine nproc [CUDA_VISIBLE_DEVICES]
+  local e=$1 n=$2 devs=${3:-} name="${1}_${2}gpu" args
+  args=$(engine_args $e) || return 1
+  CUDA_VISIBLE_DEVICES=${devs:-${CUDA_VISIBLE_DEVICES:-}} timeout $RUN_TIMEOUT torchrun --standalone \
+    --nproc_per_node=$n launch/train.py --config $CONFIG $COMMON train.run_name=$name $args \
+    > $OUT/$name.log 2>&1 || echo "FAILED: $name (see $OUT/$name.log)"
   tail -2 $OUT/$name.log | grep -v "^$"
 }
-mkdir -p $OUT
-go ddp_1gpu 1
-go ddp_${NGPU}gpu $NGPU
-go fsdp_${NGPU}gpu $NGPU engine.parallel=fsdp
-for z in 1 2 3; do go zero${z}_${NGPU}gpu $NGPU engine.type=deepspeed engine.zero_stage=$z; done
-go zero2_1gpu 1 engine.type=deepspeed engine.zero_stage=2
-# resume on another GPU count: FSDP2, 125M at 2k, saved on N GPUs at step 3, resumed on 1
-R="--config $RCONFIG train.global_batch_size=16 train.micro_batch_size=4 train.max_steps=6 \
+for n in $GPUS; do
+  if [ "$n" = 1 ] && [ "$NGPU" -ge 2 ]; then
+    set -- $ENGINES
+    while [ $# -gt 0 ]; do  # two single-GPU runs at a time, on GPUs 0 and 1
+      go $1 1 0 & if [ $# -gt 1 ]; then go $2 1 1 & shift; fi; shift; wait
+    done
+  else
+    for e in $ENGINES; do go $e $n; done
+  fi
+done
+if [ "$RESUME" = 1 ]; then
+  # resume on another GPU count: FSDP2, 125M at 2k, saved on N GPUs at step 3, resumed on 1
+  R="--config $RCONFIG train.global_batch_size=16 train.micro_batch_size=4 train.max_steps=6 \
 train.eval_interval=0 train.ckpt_interval=3 logging.progress=false logging.wandb=disabled \
 train.out_dir=$OUT data.cache_dir=$OUT/cache engine.parallel=fsdp"
-timeout 200 torchrun --standalone --nproc_per_node=$NGPU launch/train.py $R train.run_name=resh_straight > $OUT/resh1.log 2>&1 || echo FAILED resh_straight
-timeout 200 torchrun --standalone --nproc_per_node=$NGPU launch/train.py $R train.run_name=resh train.stop_after=3 > $OUT/resh2.log 2>&1 || echo FAILED resh stop
-timeout 200 torchrun --standalone --nproc_per_node=1 launch/train.py $R train.run_name=resh > $OUT/resh3.log 2>&1 || echo FAILED resh resume
-grep -h "resum" $OUT/resh3.log | head -2
-python3 bench/summarize_runs.py --warmup 3 $(ls -d $OUT/*/ | grep -v cache)
+  timeout 200 torchrun --standalone --nproc_per_node=$NGPU launch/train.py $R train.run_name=resh_straight > $OUT/resh1.log 2>&1 || echo FAILED resh_straight
+  timeout 200 torchrun --standalone --nproc_per_node=$NGPU launch/train.py $R train.run_name=resh train.stop_after=3 > $OUT/resh2.log 2>&1 || echo FAILED resh stop
+  timeout 200 torchrun --standalone --nproc_per_node=1 launch/train.py $R train.run_name=resh > $OUT/resh3.log 2>&1 || echo FAILED resh resume
+  grep -h "resum" $OUT/resh3.log | head -2
+fi
+python3 bench/summarize_runs.py --warmup $(( STEPS > 4 ? 3 : 2 )) $(ls -d $OUT/*/ | grep -v cache)
