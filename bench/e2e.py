@@ -95,6 +95,7 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
                                "logging.progress=false", f"train.out_dir={out_dir}",
                                f"train.run_name={run_name}", "train.resume=none", *overrides])
     dist = init_distributed(cfg.train.device, cfg.engine.backend)
+    torch.cuda.reset_peak_memory_stats()  # the previous setup's peak must not show in this one
     trainer = Trainer.build(cfg, dist)
     trainer.fit()
     records = [json.loads(line) for line in (Path(out_dir) / run_name / "metrics.jsonl").read_text().splitlines()]
