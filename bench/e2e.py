@@ -5,7 +5,7 @@ same shapes, same accumulation, one process.
     python bench/e2e.py --config gpt_2.7b_8k.yaml --setups ours,eager_cudnn
 
 Setups:
-  ours           launch/train.py's Trainer.fit (data loader, accumulation, clipping, fused AdamW,
+  ours           launch/train.py's Trainer.fit, eager (train.compile=false) (data loader, accumulation, clipping, fused AdamW,
                  logging, metrics) with the config's attention (our kernel when built); its figure is
                  read back from the run's metrics.jsonl, i.e. the number users see in W&B
   ours_flash     the same with model.attention=flash (our FA2 kernel)
@@ -113,7 +113,7 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="gpt_1.3b_8k.yaml")
-    p.add_argument("--setups", default="ours,eager_cudnn,compile_flash")
+    p.add_argument("--setups", default="ours,ours_compile,eager_cudnn,compile_cudnn")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--accum", type=int, default=8, help="micro-batches (of 1 sequence) per optimizer step")
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
             if not parts <= {"flash", "compile"}:
                 raise SystemExit(f"unknown setup {setup!r}: ours, ours_flash, ours_compile, ours_flash_compile")
             extra = (["model.attention=flash"] if "flash" in parts else []) + \
-                    (["train.compile=true"] if "compile" in parts else [])
+                    [f"train.compile={'true' if 'compile' in parts else 'false'}"]
             r = ours_step_times(args.config, [*args.overrides, *extra], args.steps, args.warmup, args.accum,
                                 setup, trace_dir)
         else:

@@ -90,7 +90,7 @@ class TrainConfig:
     profile_step: int = 0  # profile this optimizer step: Chrome trace + attention/matmul time shares
     keep_last: int = 3  # checkpoints kept
     resume: str = "auto"  # auto | none | path to a checkpoint folder
-    compile: bool = False  # torch.compile the model
+    compile: bool = False  # torch.compile the model (per block under FSDP2; DeepSpeed's engine.compile)
     stop_after: Optional[int] = None  # leave after this many steps this session (tests, pre-emption drills)
     # A non-finite loss or gradient norm, caught before the optimizer step: skip (drop that update, keep
     # the step count and data order, log skipped_steps; stop after max_skipped in a row) | stop (raise,

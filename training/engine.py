@@ -29,6 +29,7 @@ def autocast_dtype(cfg: Config, device: torch.device):
 
 class Engine(ABC):
     model: torch.nn.Module  # the bare model (no wrapper), for evaluation and counting
+    compiled = False  # train.compile took effect (shown in the run banner)
     reshardable = True  # its checkpoint loads onto another number of ranks
     reshard_hint = ""  # how to convert when it cannot
 
@@ -80,6 +81,7 @@ class TorchEngine(Engine):
         wrapped = self.model
         if cfg.train.compile:
             wrapped = torch.compile(wrapped)
+            self.compiled = True
         if dist.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
             wrapped = DDP(wrapped, device_ids=ids, bucket_cap_mb=cfg.engine.bucket_mb)

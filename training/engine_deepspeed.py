@@ -45,6 +45,9 @@ class DeepSpeedEngine(Engine):
             kwargs = {"model_parameters": param_groups(model, cfg.optim.weight_decay)}
         self.ds, self.optimizer, _, _ = deepspeed.initialize(model=model, config=self.ds_config, **kwargs)
         self.model = self.ds.module
+        if cfg.train.compile:  # DeepSpeed's own entry: compiles the module inside its ZeRO hooks
+            self.ds.compile()
+            self.compiled = True
         self.scheduler = WarmupCosine(self.optimizer, cfg.optim, cfg.train.max_steps)
         if dist.is_main:
             run_dir = Path(cfg.train.out_dir) / cfg.train.run_name

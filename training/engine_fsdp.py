@@ -36,6 +36,7 @@ class FSDPEngine(TorchEngine):
                 block.compile()
             fully_shard(block, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
+        self.compiled = bool(cfg.train.compile)  # per block: FSDP2 all-gathers stay between graphs
         self.model = self.wrapped = model
         self.optimizer = build_optimizer(model, cfg.optim, self.device)
         self.scheduler = WarmupCosine(self.optimizer, cfg.optim, cfg.train.max_steps)

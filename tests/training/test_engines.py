@@ -66,6 +66,19 @@ def test_engine_matches_ddp(straight, ddp_curve, engine):
         assert curve[step] == pytest.approx(loss, rel=1e-4), (engine, step)
 
 
+@pytest.mark.parametrize("engine", ["ddp", "fsdp", "zero2"])
+def test_compiled_model_trains_the_same_curve(tmp_path, cache_dir, straight, engine):
+    """train.compile=true (torch.compile; per block under FSDP2; DeepSpeed's engine.compile) on 2 ranks:
+    the eager curve to fp32 rounding (inductor fuses elementwise ops, so not bit for bit)."""
+    proc = run(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=c", "train.compile=true",
+               *ENGINES[engine], nproc=2)
+    assert "| torch.compile |" in proc.stdout + proc.stderr  # the engine applied it, not ignored it
+    curve, eager = losses(tmp_path / "c"), straight(engine)
+    assert sorted(curve) == sorted(eager)
+    for step, loss in eager.items():
+        assert curve[step] == pytest.approx(loss, rel=1e-4), (engine, step)
+
+
 @pytest.mark.parametrize("engine", ["fsdp", "zero3"])
 def test_engine_resume_is_bit_identical(tmp_path, cache_dir, straight, engine):
     run(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=stopped", "train.stop_after=3",
