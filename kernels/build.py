@@ -40,9 +40,9 @@ _error: str | None = None
 
 
 def sources() -> list[Path]:
-    """The binding, the pre/post-pass kernels and every generated instantiation."""
+    """The binding, the pre/post-pass kernels, the Hopper sources and every generated instantiation."""
     inst = sorted((CSRC / "instantiations").glob("*.cu"))
-    return [CSRC / "flash_api.cpp", CSRC / "flash_bwd_pre_post.cu", *inst]
+    return [CSRC / "flash_api.cpp", CSRC / "flash_bwd_pre_post.cu", *sorted((CSRC / "hopper").glob("*.cu")), *inst]
 
 
 def source_hash() -> str:

@@ -71,3 +71,7 @@ template <typename T>
 void run_bwd_preprocess(Flash_bwd_params &params, cudaStream_t stream);
 template <typename T>
 void run_bwd_convert_dq(Flash_bwd_params &params, cudaStream_t stream);
+
+// Hopper wgmma probe (hopper/wgmma_probe.cu): C1 = A B^T, C2 = T(C1) V for one 64 x 128 tile.
+template <typename T>
+void run_wgmma_probe(const void *a, const void *b, const void *v, float *c1, float *c2, cudaStream_t stream);

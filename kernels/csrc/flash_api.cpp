@@ -190,11 +190,39 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
     return {dq, dk, dv};
 }
 
+// Hopper probe (kernels/csrc/hopper/wgmma_probe.cu): one 64-row tile through wgmma.
+std::vector<at::Tensor> wgmma_probe(const at::Tensor &a, const at::Tensor &b, const at::Tensor &v) {
+    TORCH_CHECK(a.is_cuda() && b.is_cuda() && v.is_cuda(), "flashgpt.wgmma_probe: CUDA tensors expected");
+    const auto *prop = at::cuda::getCurrentDeviceProperties();
+    TORCH_CHECK(prop->major == 9, "flashgpt.wgmma_probe: needs a Hopper GPU (sm_90), found sm_",
+                prop->major, prop->minor);
+    TORCH_CHECK(a.sizes() == at::IntArrayRef({64, 128}) && b.sizes() == at::IntArrayRef({128, 128}) &&
+                    v.sizes() == at::IntArrayRef({128, 128}),
+                "flashgpt.wgmma_probe: shapes a (64, 128), b (128, 128), v (128, 128) expected");
+    TORCH_CHECK(a.scalar_type() == b.scalar_type() && a.scalar_type() == v.scalar_type() &&
+                    (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf),
+                "flashgpt.wgmma_probe: a, b, v must all be bfloat16 or all float16");
+    c10::cuda::CUDAGuard guard(a.device());
+    auto ac = a.contiguous(), bc = b.contiguous(), vc = v.contiguous();
+    auto c1 = at::empty({64, 128}, a.options().dtype(at::kFloat));
+    auto c2 = at::empty({64, 128}, a.options().dtype(at::kFloat));
+    cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+    if (a.scalar_type() == at::kBFloat16) {
+        run_wgmma_probe<__nv_bfloat16>(ac.data_ptr(), bc.data_ptr(), vc.data_ptr(), c1.data_ptr<float>(),
+                                       c2.data_ptr<float>(), stream);
+    } else {
+        run_wgmma_probe<__half>(ac.data_ptr(), bc.data_ptr(), vc.data_ptr(), c1.data_ptr<float>(),
+                                c2.data_ptr<float>(), stream);
+    }
+    return {c1, c2};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "flashgpt FlashAttention-2 kernels (forward, backward)";
     m.def("fwd", &mha_fwd, "FlashAttention-2 forward: returns [out, lse]");
     m.def("bwd", &mha_bwd, "FlashAttention-2 backward: returns [dq, dk, dv]");
+    m.def("wgmma_probe", &wgmma_probe, "tests: C1 = a b^T and C2 = bf16(C1) v through Hopper wgmma");
     m.def("set_debug_poison", &set_debug_poison, "tests: fill outputs with NaN before each launch");
 }

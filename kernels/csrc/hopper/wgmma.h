@@ -1,0 +1,143 @@
+// Hopper (sm_90a) building blocks for the issue-8 kernels: warpgroup MMA (wgmma) on bf16/fp16 with
+// fp32 accumulators, shared-memory matrix descriptors, and the 128-byte swizzle they read.
+// Status: verified only by kernels/csrc/hopper/wgmma_probe.cu (tests/kernels/test_wgmma_probe_gpu.py).
+//
+// Shared-memory tiles ("128B-swizzled atoms"): a tile of R rows x 64 16-bit elements (128 bytes per
+// row) is stored row after row; within each 1024-byte group of 8 rows, the 16-byte chunk c of row r
+// sits at chunk position c ^ (r % 8). Wider tiles are stored as consecutive such column blocks
+// ("atom columns"): element (r, c) of an R x C tile lives in atom column c / 64 at
+//   (c / 64) * R * 128 + r * 128 + (((c % 64) / 8) ^ (r % 8)) * 16 + (c % 8) * 2   bytes.
+// Tiles must start 1024-byte aligned (the descriptor's base-offset field is left 0).
+//
+// Operand layouts used (PTX ISA, "Asynchronous Warpgroup Level Matrix Shared Memory Layout"):
+//   K-major (A = Q rows x d, B = K keys x d: the reduction dim contiguous): descriptor with
+//     SBO = 1024 B (next group of 8 rows), LBO unused (1); a k16 step advances the start address by
+//     32 B inside an atom column, and by R * 128 B to the next atom column every 4 steps.
+//   MN-major (B = V keys x d used as K = keys, N = d, d contiguous; wgmma's tnspB = 1):
+//     SBO = 1024 B (next 8 keys), LBO = R * 128 B (next 64 columns of N, i.e. the next atom column);
+//     a k16 step advances the start address by 16 rows = 2048 B.
+// Accumulator layout, m64nNk16 f32: warp w of the warpgroup owns rows 16w..16w+15; register
+// d[4j + i] is (row 16w + g + 8*(i/2), column 8j + 2t + (i%2)), g = lane/4, t = lane%4 -- the
+// mma.m16n8 C fragment, repeated over N/8 column tiles. A from registers (RS form) uses the
+// mma.m16n8k16 A fragment of rows 16w..16w+15, so an S accumulator converts to P in registers.
+#pragma once
+#include <cstdint>
+#include <type_traits>
+#include "../utils.h"
+
+namespace flash {
+namespace sm90 {
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FLASHGPT_WGMMA_ENABLED 1
+#endif
+
+// Byte offset of element (r, c) in a swizzled R-row tile (see the header comment).
+template <int R>
+__host__ __device__ constexpr int swizzled_offset(int r, int c) {
+    return (c / 64) * R * 128 + r * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16) + (c % 8) * 2;
+}
+
+// 64-bit shared-memory matrix descriptor: start address, leading / stride byte offsets (all >> 4),
+// swizzle mode 1 = 128 B (bits 62-63).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+    uint64_t d = 0;
+    d |= uint64_t((smem_addr >> 4) & 0x3FFF);
+    d |= uint64_t((lbo_bytes >> 4) & 0x3FFF) << 16;
+    d |= uint64_t((sbo_bytes >> 4) & 0x3FFF) << 32;
+    d |= uint64_t(1) << 62;
+    return d;
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef FLASHGPT_WGMMA_ENABLED
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef FLASHGPT_WGMMA_ENABLED
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#ifdef FLASHGPT_WGMMA_ENABLED
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Generic-proxy writes to shared memory (st.shared, cp.async) become visible to wgmma's async proxy.
+__device__ __forceinline__ void fence_async_smem() {
+#ifdef FLASHGPT_WGMMA_ENABLED
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+#define FLASHGPT_D64(d)                                                                                   \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+#define FLASHGPT_REGS64                                                                           \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                      \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "             \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "             \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+template <typename T> struct WgmmaType;
+template <> struct WgmmaType<__nv_bfloat16> { static constexpr const char *name = "bf16"; };
+template <> struct WgmmaType<__half> { static constexpr const char *name = "f16"; };
+
+// D (64 x 128, fp32) (+)= A (64 x 16, smem, K-major) * B (16 x 128, smem; tnspB = 0: K-major
+// (N rows x K), 1: MN-major (K rows x N)). accumulate == false overwrites D.
+template <typename T, int kTransB>
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                                    bool accumulate) {
+#ifdef FLASHGPT_WGMMA_ENABLED
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FLASHGPT_REGS64
+            ", %64, %65, p, 1, 1, 0, %67;\n}\n"
+            : FLASHGPT_D64(d)
+            : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " FLASHGPT_REGS64
+            ", %64, %65, p, 1, 1, 0, %67;\n}\n"
+            : FLASHGPT_D64(d)
+            : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+    }
+#endif
+}
+
+// D (64 x 128, fp32) (+)= A (64 x 16, registers: this warp's mma.m16n8k16 A fragment) * B (smem).
+template <typename T, int kTransB>
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
+                                                    bool accumulate) {
+#ifdef FLASHGPT_WGMMA_ENABLED
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FLASHGPT_REGS64
+            ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+            : FLASHGPT_D64(d)
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " FLASHGPT_REGS64
+            ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+            : FLASHGPT_D64(d)
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+    }
+#endif
+}
+
+}  // namespace sm90
+}  // namespace flash
