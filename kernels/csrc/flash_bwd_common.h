@@ -60,6 +60,73 @@ __device__ __forceinline__ void load_q_block(const Flash_bwd_params &p, const Bw
     }
 }
 
+// Zero a fragment array of any shape.
+template <typename A>
+__device__ __forceinline__ void zero_fill(A &a) {
+    float *p = reinterpret_cast<float *>(&a);
+#pragma unroll
+    for (int i = 0; i < int(sizeof(A) / sizeof(float)); ++i) p[i] = 0.f;
+}
+
+// S^T = K Q^T and dP^T = V dO^T for one warp: MT 16-key slabs from key row key0 (of sK / sV) x SN n8
+// tiles of queries from row qcol0 (of sQ / sdO), reduced over the head dim D (row strides S).
+template <typename T, int MT, int SN, int D, int S, int kUnroll>
+__device__ __forceinline__ void st_dpt_product(float (&acc_s)[MT][SN][4], float (&acc_dp)[MT][SN][4],
+                                               const T *sK, const T *sV, const T *sQ, const T *sdO,
+                                               int key0, int qcol0, int lane) {
+    zero_fill(acc_s);
+    zero_fill(acc_dp);
+#pragma unroll(kUnroll)  // ks indexes no register array: may stay rolled
+    for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t ak[MT][4], av[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const int r = key0 + mt * 16 + (lane % 16);
+            const int c = ks * 16 + (lane / 16) * 8;
+            ldmatrix_x4(ak[mt], smem_u32(sK + r * S + c));
+            ldmatrix_x4(av[mt], smem_u32(sV + r * S + c));
+        }
+#pragma unroll
+        for (int np = 0; np < SN / 2; ++np) {
+            uint32_t bq[4], bdo[4];
+            const int r = qcol0 + np * 16 + (lane / 16) * 8 + (lane % 8);
+            const int c = ks * 16 + ((lane / 8) % 2) * 8;
+            ldmatrix_x4(bq, smem_u32(sQ + r * S + c));
+            ldmatrix_x4(bdo, smem_u32(sdO + r * S + c));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma<T>(acc_s[mt][2 * np], ak[mt], bq[0], bq[1]);
+                mma<T>(acc_s[mt][2 * np + 1], ak[mt], bq[2], bq[3]);
+                mma<T>(acc_dp[mt][2 * np], av[mt], bdo[0], bdo[1]);
+                mma<T>(acc_dp[mt][2 * np + 1], av[mt], bdo[2], bdo[3]);
+            }
+        }
+    }
+}
+
+// dV += P^T dO and dK += dS^T Q for one 16-query step kc: A fragments ap / ads (MT key slabs),
+// B = dO / Q rows kc*16.. via ldmatrix.trans, ON n8 tiles of head-dim columns from dcol0.
+template <typename T, int MT, int ON, int S>
+__device__ __forceinline__ void dv_dk_step(float (&acc_dv)[MT][ON][4], float (&acc_dk)[MT][ON][4],
+                                           const uint32_t (&ap)[MT][4], const uint32_t (&ads)[MT][4],
+                                           const T *sdO, const T *sQ, int kc, int dcol0, int lane) {
+#pragma unroll
+    for (int dp = 0; dp < ON / 2; ++dp) {
+        uint32_t bdo[4], bq[4];
+        const int r = kc * 16 + ((lane / 8) % 2) * 8 + (lane % 8);
+        const int c = dcol0 + dp * 16 + (lane / 16) * 8;
+        ldmatrix_x4_trans(bdo, smem_u32(sdO + r * S + c));
+        ldmatrix_x4_trans(bq, smem_u32(sQ + r * S + c));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            mma<T>(acc_dv[mt][2 * dp], ap[mt], bdo[0], bdo[1]);
+            mma<T>(acc_dv[mt][2 * dp + 1], ap[mt], bdo[2], bdo[3]);
+            mma<T>(acc_dk[mt][2 * dp], ads[mt], bq[0], bq[1]);
+            mma<T>(acc_dk[mt][2 * dp + 1], ads[mt], bq[2], bq[3]);
+        }
+    }
+}
+
 // dQ_i += dS K for query block m. dS^T (BN keys x BM queries, row stride SDS) and K (BN x D, row
 // stride S) are in shared memory and complete. Warp (wm, wn) of a kDQWarpsM x kDQWarpsN grid
 // computes rows (wm*DQM .. +DQM)*16 and columns wn*kDQCols .. +kDQCols, then adds them to the fp32

@@ -67,12 +67,8 @@ flash_bwd_kernel_2d(const Flash_bwd_params params) {
     cp_async_commit();
 
     float acc_dk[MT][ON][4], acc_dv[MT][ON][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < ON; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc_dk[mt][j][e] = acc_dv[mt][j][e] = 0.f;
+    zero_fill(acc_dk);
+    zero_fill(acc_dv);
 
     const float scale_log2 = params.scale_softmax_log2;
 
@@ -91,38 +87,7 @@ flash_bwd_kernel_2d(const Flash_bwd_params params) {
 
         // ---- phase 1: S^T = K Q^T and dP^T = V dO^T, (16*MT keys x kQCols queries) per warp ------
         float acc_s[MT][SN][4], acc_dp[MT][SN][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int j = 0; j < SN; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc_s[mt][j][e] = acc_dp[mt][j][e] = 0.f;
-#pragma unroll 1
-        for (int ks = 0; ks < D / 16; ++ks) {
-            uint32_t ak[MT][4], av[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                const int r = key0 + mt * 16 + (lane % 16);
-                const int c = ks * 16 + (lane / 16) * 8;
-                ldmatrix_x4(ak[mt], smem_u32(sK + r * S + c));
-                ldmatrix_x4(av[mt], smem_u32(sV + r * S + c));
-            }
-#pragma unroll
-            for (int np = 0; np < SN / 2; ++np) {
-                uint32_t bq[4], bdo[4];
-                const int r = qcol0 + np * 16 + (lane / 16) * 8 + (lane % 8);
-                const int c = ks * 16 + ((lane / 8) % 2) * 8;
-                ldmatrix_x4(bq, smem_u32(sQb + r * S + c));
-                ldmatrix_x4(bdo, smem_u32(sdOb + r * S + c));
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma<T>(acc_s[mt][2 * np], ak[mt], bq[0], bq[1]);
-                    mma<T>(acc_s[mt][2 * np + 1], ak[mt], bq[2], bq[3]);
-                    mma<T>(acc_dp[mt][2 * np], av[mt], bdo[0], bdo[1]);
-                    mma<T>(acc_dp[mt][2 * np + 1], av[mt], bdo[2], bdo[3]);
-                }
-            }
-        }
+        st_dpt_product<T, MT, SN, D, S, 1>(acc_s, acc_dp, sK, sV, sQb, sdOb, key0, qcol0, lane);
 
         // ---- phase 2: P^T (recomputed from LSE), dS^T = P^T o (dP^T - D), both to shared memory ---
         const bool need_mask = Is_causal && (n_block * BN + BN - 1 > m * BM + causal_off);
@@ -165,21 +130,7 @@ flash_bwd_kernel_2d(const Flash_bwd_params params) {
                 ldmatrix_x4(ap[mt], smem_u32(sP + r * SP + c));
                 ldmatrix_x4(ads[mt], smem_u32(sdS + r * SP + c));
             }
-#pragma unroll
-            for (int dp = 0; dp < ON / 2; ++dp) {
-                uint32_t bdo[4], bq[4];
-                const int r = kc * 16 + ((lane / 8) % 2) * 8 + (lane % 8);
-                const int c = dcol0 + dp * 16 + (lane / 16) * 8;
-                ldmatrix_x4_trans(bdo, smem_u32(sdOb + r * S + c));
-                ldmatrix_x4_trans(bq, smem_u32(sQb + r * S + c));
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma<T>(acc_dv[mt][2 * dp], ap[mt], bdo[0], bdo[1]);
-                    mma<T>(acc_dv[mt][2 * dp + 1], ap[mt], bdo[2], bdo[3]);
-                    mma<T>(acc_dk[mt][2 * dp], ads[mt], bq[0], bq[1]);
-                    mma<T>(acc_dk[mt][2 * dp + 1], ads[mt], bq[2], bq[3]);
-                }
-            }
+            dv_dk_step<T, MT, ON, S>(acc_dv, acc_dk, ap, ads, sdOb, sQb, kc, dcol0, lane);
         }
 
         // ---- phase 4: dQ_i += dS K (atomics into dq_accum; ordered in deterministic mode) --------
