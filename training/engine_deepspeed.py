@@ -8,6 +8,7 @@ inside `forward_backward` and for the final one in `step`.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Dict
 
@@ -20,6 +21,29 @@ from training.engine import Engine, autocast_dtype
 from training.optim import WarmupCosine, build_optimizer, param_groups
 
 TAG = "deepspeed"  # sub-folder of our checkpoint folder holding DeepSpeed's own files
+UNIVERSAL_TAG = "deepspeed_universal"  # its conversion to a universal checkpoint (made on demand)
+
+
+def saved_shard_count(ds_dir: Path) -> int:
+    """Data-parallel ranks a DeepSpeed checkpoint was sharded over (0: no optimizer shards)."""
+    return len(list(ds_dir.glob("*zero_pp_rank_*_optim_states.pt")))
+
+
+def convert_to_universal(ds_dir: Path, out_dir: Path) -> None:
+    """DeepSpeed's ds_to_universal, in-process; written to a temporary folder renamed at the end so
+    a crash never leaves a half-converted checkpoint that looks complete."""
+    import argparse
+    import shutil
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    args = argparse.Namespace(input_folder=str(ds_dir), output_folder=str(tmp), num_extract_workers=1,
+                              num_merge_workers=1, keep_temp_folder=False, strict=True,
+                              inject_missing_state=True)
+    ds_to_universal.main(args)
+    tmp.rename(out_dir)
 
 
 class DeepSpeedEngine(Engine):
@@ -27,13 +51,16 @@ class DeepSpeedEngine(Engine):
         import deepspeed
 
         self.cfg, self.dist, self.device = cfg, dist, dist.device
-        # ZeRO 1-3 save optimizer (and, at 3, parameter) shards per data-parallel rank.
-        self.reshardable = cfg.engine.zero_stage == 0
+        # ZeRO 1-3 save optimizer (and, at 3, parameter) shards per data-parallel rank; on another
+        # rank count, load() converts ZeRO 0-2 checkpoints once to DeepSpeed's universal checkpoint
+        # and loads that (the CPU tests check the curve continues exactly). ZeRO-3's conversion
+        # (deepspeed 0.19) drops the per-parameter optimizer step, so the resumed curve drifts: refused.
+        self.reshardable = cfg.engine.zero_stage < 3
         self.reshard_hint = (
-            f"resume on the number of GPUs it was saved with; ZeRO stage {cfg.engine.zero_stage} keeps "
-            "optimizer shards per rank, and DeepSpeed's universal-checkpoint conversion "
-            "(deepspeed.checkpoint.ds_to_universal) is not wired into this trainer yet. DDP, FSDP2 and "
-            "ZeRO-0 checkpoints reshard")
+            "resume on the number of GPUs it was saved with: DeepSpeed's universal-checkpoint conversion "
+            "of ZeRO-3 loses the optimizer step count (Adam's bias correction), so the curve would not "
+            "continue. Or resume with engine.zero_stage=2 on the same rank count, then change it. DDP, "
+            "FSDP2 and ZeRO-0/1/2 checkpoints reshard")
         ensure_process_group(dist, cfg.engine.backend)
         self.ds_config = deepspeed_config(cfg, dist.world_size, self.device)
         self.amp_dtype = None  # DeepSpeed's bf16 mode holds bf16 weights itself; no autocast on top
@@ -70,6 +97,21 @@ class DeepSpeedEngine(Engine):
             norm = float("nan")
         return {"grad_norm": norm, "lr": lr}
 
+    def _to_universal(self, directory: Path, saved: int) -> str:
+        """Rank 0 converts <directory>/deepspeed (sharded over `saved` ranks) once into
+        <directory>/deepspeed_universal; every rank then loads that. Returns the tag to load."""
+        import torch.distributed as tdist
+
+        out = directory / UNIVERSAL_TAG
+        if self.dist.is_main and not out.is_dir():
+            logging.getLogger(__name__).warning(
+                "ZeRO checkpoint %s was sharded over %d ranks, this run has %d: converting it to a "
+                "DeepSpeed universal checkpoint (%s), once", directory, saved, self.dist.world_size, out)
+            convert_to_universal(directory / TAG, out)
+        if tdist.is_available() and tdist.is_initialized():
+            tdist.barrier()
+        return UNIVERSAL_TAG
+
     @property
     def lr(self) -> float:
         return self.scheduler.lr
@@ -85,7 +127,16 @@ class DeepSpeedEngine(Engine):
             torch.save({"scheduler": self.scheduler.state_dict()}, Path(directory) / "schedule.pt")
 
     def load(self, directory: Path) -> None:
-        path, _ = self.ds.load_checkpoint(str(directory), tag=TAG, load_lr_scheduler_states=False)
+        saved = saved_shard_count(Path(directory) / TAG)
+        if saved and saved != self.dist.world_size:
+            tag = self._to_universal(Path(directory), saved)
+            self.ds._config.load_universal_checkpoint = True  # read by load_checkpoint only
+            try:
+                path, _ = self.ds.load_checkpoint(str(directory), tag=tag, load_lr_scheduler_states=False)
+            finally:
+                self.ds._config.load_universal_checkpoint = False
+        else:
+            path, _ = self.ds.load_checkpoint(str(directory), tag=TAG, load_lr_scheduler_states=False)
         if path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint under {directory}/{TAG}")
         state = torch.load(Path(directory) / "schedule.pt", map_location="cpu", weights_only=False)

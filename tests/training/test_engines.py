@@ -130,11 +130,28 @@ def test_resume_on_fewer_ranks_continues_the_curve(tmp_path, cache_dir, straight
         assert curve[step] == pytest.approx(ref[step], rel=1e-4), step
 
 
-def test_zero2_refuses_another_rank_count_with_a_clear_message(tmp_path, cache_dir):
+def test_zero3_refuses_another_rank_count_with_a_clear_message(tmp_path, cache_dir):
     run(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=z", "train.stop_after=3",
-        *ENGINES["zero2"], nproc=2)
-    cmd = train_cmd(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=z", *ENGINES["zero2"])
+        *ENGINES["zero3"], nproc=2)
+    cmd = train_cmd(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=z", *ENGINES["zero3"])
     proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "saved with 2 ranks" in proc.stderr and "cannot reshard" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("engine, saved_on, resumed_on", [("zero2", 2, 1), ("zero1", 1, 2)])
+def test_zero_resume_on_another_rank_count_via_universal_checkpoint(tmp_path, cache_dir, straight, engine,
+                                                                    saved_on, resumed_on):
+    """ZeRO-1/2 shards are converted once (deepspeed_universal/ beside the checkpoint's own files)
+    and loaded on the new rank count; the curve continues as the uninterrupted 2-rank run's."""
+    run(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=u", "train.stop_after=3",
+        *ENGINES[engine], nproc=saved_on)
+    resumed = run(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=u", *ENGINES[engine],
+                  nproc=resumed_on)
+    assert f"saved on {saved_on} ranks" in resumed.stderr and "universal checkpoint" in resumed.stderr
+    assert (tmp_path / "u" / "checkpoints" / "step_00000003" / "deepspeed_universal" / "zero").is_dir()
+    curve, ref = losses(tmp_path / "u"), straight(engine)
+    assert sorted(curve) == sorted(ref)
+    for step in (4, 5, 6):  # fp32 on CPU: only the summation order differs
+        assert curve[step] == pytest.approx(ref[step], rel=1e-4), step
