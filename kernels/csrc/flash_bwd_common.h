@@ -60,6 +60,37 @@ __device__ __forceinline__ void load_q_block(const Flash_bwd_params &p, const Bw
     }
 }
 
+// Query blocks a key block visits, and its keys: causal (bottom-right aligned) starts at the first
+// query block that can see the block's first key.
+struct BwdRange {
+    int keys_left, causal_off, m_min, m_max;
+    template <bool Is_causal>
+    __device__ static BwdRange make(const SeqInfo &seq, int n_block, int block_m, int block_n) {
+        BwdRange r;
+        r.keys_left = seq.sk - n_block * block_n;
+        r.causal_off = seq.sk - seq.sq;
+        r.m_min = Is_causal ? max(0, n_block * block_n - r.causal_off) / block_m : 0;
+        r.m_max = cdiv(seq.sq, block_m);
+        return r;
+    }
+};
+
+// Prologue of both backward kernels: K_j and V_j, and the first query block into buffer 0, as one
+// cp.async group.
+template <typename Kt, bool Is_even>
+__device__ __forceinline__ void load_kv_and_first_q(const Flash_bwd_params &p, const BwdBlockPtrs<typename Kt::T> &g,
+                                                    const SeqInfo &seq, const BwdRange &r, typename Kt::T *sK,
+                                                    typename Kt::T *sV, typename Kt::T *sQ, typename Kt::T *sdO,
+                                                    float *sLSE, float *sDsum, int tid) {
+    constexpr int BN = Kt::kBlockN, D = Kt::kHeadDim, S = Kt::kSmemStride, NT = Kt::kNThreads;
+    load_tile_async<BN, D, S, NT, Is_even>(sK, g.k, p.k_row_stride, r.keys_left, tid);
+    load_tile_async<BN, D, S, NT, Is_even>(sV, g.v, p.v_row_stride, r.keys_left, tid);
+    if (r.m_min < r.m_max) {
+        load_q_block<Kt::kBlockM, D, S, NT, Is_even>(p, g, seq.sq, r.m_min, sQ, sdO, sLSE, sDsum, tid);
+    }
+    cp_async_commit();
+}
+
 // Zero a fragment array of any shape.
 template <typename A>
 __device__ __forceinline__ void zero_fill(A &a) {

@@ -47,13 +47,9 @@ flash_bwd_kernel_2d(const Flash_bwd_params params) {
 
     const SeqInfo seq(params, b);
     if (n_block * BN >= seq.sk) return;
-    const int keys_left = seq.sk - n_block * BN;
+    const BwdRange range = BwdRange::make<Is_causal>(seq, n_block, BM, BN);
+    const int keys_left = range.keys_left, causal_off = range.causal_off;
     const BwdBlockPtrs<T> gp(params, seq, b, h, n_block, BN, D);
-
-    const int causal_off = seq.sk - seq.sq;  // bottom-right alignment
-    const int m_block_min = Is_causal ? max(0, n_block * BN - causal_off) / BM : 0;
-    const int m_block_max = cdiv(seq.sq, BM);
-
     auto load_q_block = [&](int m, int buf) {
         flash::load_q_block<BM, D, S, NT, Is_even>(params, gp, seq.sq, m, sQ + buf * Kt::kSmemQElems,
                                                    sdO + buf * Kt::kSmemQElems, sLSE + buf * BM,
@@ -61,10 +57,7 @@ flash_bwd_kernel_2d(const Flash_bwd_params params) {
     };
 
     // ---- prologue: K_j, V_j and the first query block -----------------------------------------
-    load_tile_async<BN, D, S, NT, Is_even>(sK, gp.k, params.k_row_stride, keys_left, tid);
-    load_tile_async<BN, D, S, NT, Is_even>(sV, gp.v, params.v_row_stride, keys_left, tid);
-    if (m_block_min < m_block_max) load_q_block(m_block_min, 0);
-    cp_async_commit();
+    load_kv_and_first_q<Kt, Is_even>(params, gp, seq, range, sK, sV, sQ, sdO, sLSE, sDsum, tid);
 
     float acc_dk[MT][ON][4], acc_dv[MT][ON][4];
     zero_fill(acc_dk);
@@ -72,13 +65,13 @@ flash_bwd_kernel_2d(const Flash_bwd_params params) {
 
     const float scale_log2 = params.scale_softmax_log2;
 
-    for (int m = m_block_min, it = 0; m < m_block_max; ++m, ++it) {
+    for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
         const int buf = it & 1;
         // Block m has landed, and every warp is done with iteration it-1 (its reads of buffer
         // buf^1 and of sP / sdS): only now may the prefetch of block m+1 overwrite buf^1.
         cp_async_wait<0>();
         __syncthreads();
-        if (m + 1 < m_block_max) load_q_block(m + 1, buf ^ 1);
+        if (m + 1 < range.m_max) load_q_block(m + 1, buf ^ 1);
         cp_async_commit();
         const T *sQb = sQ + buf * Kt::kSmemQElems;
         const T *sdOb = sdO + buf * Kt::kSmemQElems;
