@@ -53,14 +53,14 @@ class DeepSpeedEngine(Engine):
         self.cfg, self.dist, self.device = cfg, dist, dist.device
         # ZeRO 1-3 save optimizer (and, at 3, parameter) shards per data-parallel rank; on another
         # rank count, load() converts ZeRO 0-2 checkpoints once to DeepSpeed's universal checkpoint
-        # and loads that (the CPU tests check the curve continues exactly). ZeRO-3's conversion
-        # (deepspeed 0.19) drops the per-parameter optimizer step, so the resumed curve drifts: refused.
+        # and loads that (the CPU tests check the curve continues exactly). ZeRO-3's universal load
+        # drifted in the same test (one cause: it copies param group 0's hyperparameters, weight decay
+        # included, onto every group; fixing that one was not enough): refused.
         self.reshardable = cfg.engine.zero_stage < 3
         self.reshard_hint = (
-            "resume on the number of GPUs it was saved with: DeepSpeed's universal-checkpoint conversion "
-            "of ZeRO-3 loses the optimizer step count (Adam's bias correction), so the curve would not "
-            "continue. Or resume with engine.zero_stage=2 on the same rank count, then change it. DDP, "
-            "FSDP2 and ZeRO-0/1/2 checkpoints reshard")
+            "resume on the number of GPUs it was saved with: DeepSpeed's universal-checkpoint load of "
+            "ZeRO-3 (deepspeed 0.19) does not restore the optimizer exactly (the resumed loss curve "
+            "drifts), so it is not used. DDP, FSDP2 and ZeRO-0/1/2 checkpoints reshard")
         ensure_process_group(dist, cfg.engine.backend)
         self.ds_config = deepspeed_config(cfg, dist.world_size, self.device)
         self.amp_dtype = None  # DeepSpeed's bf16 mode holds bf16 weights itself; no autocast on top
