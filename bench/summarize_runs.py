@@ -26,15 +26,21 @@ def summarize(run_dir: Path, warmup: int) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--baseline", default=None,
+                   help="run folder whose tokens/s per GPU is 1.0 in an extra 'per GPU vs baseline' column "
+                        "(scaling efficiency when the baseline is the 1-GPU run)")
     p.add_argument("runs", nargs="+")
     args = p.parse_args(argv)
-    print("| run | tokens/s per GPU | TFLOP/s per GPU (paper) | (causal) | MFU | peak mem GB | losses |")
-    print("|---|---|---|---|---|---|---|")
+    base = summarize(Path(args.baseline), args.warmup)["tok_gpu"] if args.baseline else None
+    extra = f" per GPU vs {Path(args.baseline).name} |" if base else ""
+    print("| run | tokens/s per GPU | TFLOP/s per GPU (paper) | (causal) | MFU | peak mem GB |" + extra + " losses |")
+    print("|---|---|---|---|---|---|" + ("---|" if base else "") + "---|")
     for d in args.runs:
         s = summarize(Path(d), args.warmup)
         mfu = "n/a" if s["mfu"] is None else f"{100 * s['mfu']:.1f}%"
+        ratio = f" {s['tok_gpu'] / base:.3f} |" if base else ""
         print(f"| {s['run']} | {s['tok_gpu'] / 1e3:.1f}k | {s['tflops']:.0f} | {s['tflops_c']:.0f} | {mfu} | "
-              f"{s['mem']:.1f} | {' '.join(map(str, s['losses']))} |")
+              f"{s['mem']:.1f} |{ratio} {' '.join(map(str, s['losses']))} |")
     return 0
 
 
