@@ -13,24 +13,19 @@
 
 #ifndef FLASH_TUNE
 #define FLASH_TUNE 0
-#elif FLASH_TUNE == 9   // the default set without the 2-D backward (v6 state, for A/B runs)
-#define FLASH_FWD_HD64 128, 64, 4, 1
-#define FLASH_FWD_HD96 128, 32, 4, 1
-#define FLASH_FWD_HD128 128, 64, 4, 1
-#define FLASH_BWD_HD64 32, 128, 4, 1, 4, 1
-#define FLASH_BWD_HD96 64, 128, 8, 1, 1, 1
-#define FLASH_BWD_HD128 64, 128, 8, 1, 1, 1
 #endif
 
-#if FLASH_TUNE == 0
+#if FLASH_TUNE == 0 || FLASH_TUNE == 9   // 9: the default set without the 2-D backward (v6, for A/B runs)
 #define FLASH_FWD_HD64 128, 64, 4, 1
 #define FLASH_FWD_HD96 128, 32, 4, 1
 #define FLASH_FWD_HD128 128, 64, 4, 1
 #define FLASH_BWD_HD64 32, 128, 4, 1, 4, 1
 #define FLASH_BWD_HD96 64, 128, 8, 1, 1, 1
 #define FLASH_BWD_HD128 64, 128, 8, 1, 1, 1
+#if FLASH_TUNE == 0
 #define FLASH_BWD2D_HD96 64, 128, 8, 4, 1
 #define FLASH_BWD2D_HD128 64, 128, 8, 4, 2
+#endif
 #elif FLASH_TUNE == 1   // v1 forward tiles: 16 query rows per warp
 #define FLASH_FWD_HD64 128, 128, 8, 1
 #define FLASH_FWD_HD96 128, 64, 8, 1
@@ -87,11 +82,4 @@
 #define FLASH_BWD_HD64 32, 128, 4, 1, 4, 2
 #define FLASH_BWD_HD96 64, 128, 8, 1, 1, 1
 #define FLASH_BWD_HD128 64, 128, 8, 1, 1, 2
-#elif FLASH_TUNE == 9   // the default set without the 2-D backward (v6 state, for A/B runs)
-#define FLASH_FWD_HD64 128, 64, 4, 1
-#define FLASH_FWD_HD96 128, 32, 4, 1
-#define FLASH_FWD_HD128 128, 64, 4, 1
-#define FLASH_BWD_HD64 32, 128, 4, 1, 4, 1
-#define FLASH_BWD_HD96 64, 128, 8, 1, 1, 1
-#define FLASH_BWD_HD128 64, 128, 8, 1, 1, 1
 #endif
