@@ -1,6 +1,8 @@
 // Backward launch templates: main kernel grid and tile choice per head dim.
 // (The pre-pass / post-pass launchers are in flash_bwd_pre_post.cu.)
 #pragma once
+#include <type_traits>
+
 #include "flash.h"
 #include "flash_bwd_kernel.h"
 #include "flash_bwd_kernel_2d.h"
@@ -9,8 +11,10 @@
 #include "static_switch.h"
 #include "tile_config.h"
 
-template <typename Kt, bool Is_causal>
-void run_flash_bwd(Flash_bwd_params &params, cudaStream_t stream) {
+// Launch a backward main kernel over its grid. kernel_for(std::bool_constant<Is_even>) returns the
+// kernel instantiation for that evenness (both layouts share grid, block and shared-memory rules).
+template <typename Kt, typename KernelFor>
+void launch_bwd(Flash_bwd_params &params, cudaStream_t stream, KernelFor kernel_for) {
     const int num_n_blocks = flash::cdiv(params.seqlen_k, Kt::kBlockN);
     // y = key block is the slow axis: low key blocks are dispatched first (deterministic mode
     // waits on them, and under a causal mask they carry the most query blocks).
@@ -18,13 +22,18 @@ void run_flash_bwd(Flash_bwd_params &params, cudaStream_t stream) {
     const bool is_even = params.cu_seqlens_q == nullptr && params.seqlen_q % Kt::kBlockM == 0 &&
                          params.seqlen_k % Kt::kBlockN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
-        launch_with_smem(&flash::flash_bwd_kernel<Kt, Is_causal, Is_even>, grid, Kt::kNThreads,
-                         Kt::kSmemBytes, params, stream);
+        launch_with_smem(kernel_for(std::bool_constant<Is_even>{}), grid, Kt::kNThreads, Kt::kSmemBytes,
+                         params, stream);
     });
 }
 
-// The same grid with the 2-D warp layout kernel (flash_bwd_kernel_2d.h); falls back to the 1-D
-// kernel Kt1 where the device cannot give the 2-D kernel its shared memory (e.g. A100).
+template <typename Kt, bool Is_causal>
+void run_flash_bwd(Flash_bwd_params &params, cudaStream_t stream) {
+    launch_bwd<Kt>(params, stream, [](auto even) { return &flash::flash_bwd_kernel<Kt, Is_causal, even()>; });
+}
+
+// The 2-D warp layout kernel (flash_bwd_kernel_2d.h); falls back to the 1-D kernel Kt1 where the
+// device cannot give the 2-D kernel its shared memory (e.g. A100).
 template <typename Kt, typename Kt1, bool Is_causal>
 void run_flash_bwd_2d(Flash_bwd_params &params, cudaStream_t stream) {
     static const bool fits = Kt::kSmemBytes <= max_smem_optin();
@@ -32,14 +41,7 @@ void run_flash_bwd_2d(Flash_bwd_params &params, cudaStream_t stream) {
         run_flash_bwd<Kt1, Is_causal>(params, stream);
         return;
     }
-    const int num_n_blocks = flash::cdiv(params.seqlen_k, Kt::kBlockN);
-    dim3 grid(params.b * params.h, num_n_blocks);
-    const bool is_even = params.cu_seqlens_q == nullptr && params.seqlen_q % Kt::kBlockM == 0 &&
-                         params.seqlen_k % Kt::kBlockN == 0;
-    BOOL_SWITCH(is_even, Is_even, [&] {
-        launch_with_smem(&flash::flash_bwd_kernel_2d<Kt, Is_causal, Is_even>, grid, Kt::kNThreads,
-                         Kt::kSmemBytes, params, stream);
-    });
+    launch_bwd<Kt>(params, stream, [](auto even) { return &flash::flash_bwd_kernel_2d<Kt, Is_causal, even()>; });
 }
 
 // Tiles: (query rows per step, keys per block, warps, min blocks per SM); values in tile_config.h.
