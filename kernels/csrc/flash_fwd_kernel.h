@@ -49,6 +49,48 @@ struct SeqInfo {
     }
 };
 
+// One forward block (batch b, query head h, query block m_block of BM rows): global pointers, the
+// rows it owns and the key blocks (of BN) it visits. Bottom-right causal alignment: query i may see
+// key j iff j <= i + (sk - sq).
+template <typename T>
+struct FwdBlock {
+    const T *q, *k, *v;  // q at the block's first row; k, v at the sequence's first key
+    T *o;                // at the block's first row
+    float *lse;          // at the block's first row
+    int rows_left, causal_off, n_block_max;
+
+    template <bool Is_causal>
+    __device__ static FwdBlock make(const Flash_fwd_params &p, const SeqInfo &seq, int b, int h, int m_block,
+                                    int block_m, int block_n) {
+        FwdBlock f;
+        const int h_k = h / p.h_h_k_ratio;
+        f.rows_left = seq.sq - m_block * block_m;
+        f.q = reinterpret_cast<const T *>(p.q_ptr) + seq.q_off(p, p.q_batch_stride, p.q_row_stride, p.q_head_stride, b, h) +
+              int64_t(m_block) * block_m * p.q_row_stride;
+        f.k = reinterpret_cast<const T *>(p.k_ptr) + seq.k_off(p, p.k_batch_stride, p.k_row_stride, p.k_head_stride, b, h_k);
+        f.v = reinterpret_cast<const T *>(p.v_ptr) + seq.k_off(p, p.v_batch_stride, p.v_row_stride, p.v_head_stride, b, h_k);
+        f.o = reinterpret_cast<T *>(p.o_ptr) + seq.q_off(p, p.o_batch_stride, p.o_row_stride, p.o_head_stride, b, h) +
+              int64_t(m_block) * block_m * p.o_row_stride;
+        f.lse = p.lse_ptr + seq.lse_off(p, b, h) + m_block * block_m;
+        f.causal_off = seq.sk - seq.sq;
+        f.n_block_max = cdiv(seq.sk, block_n);
+        if (Is_causal) {
+            const int last_key = min(seq.sq, (m_block + 1) * block_m) - 1 + f.causal_off;  // of the last row
+            f.n_block_max = last_key < 0 ? 0 : min(f.n_block_max, last_key / block_n + 1);
+        }
+        return f;
+    }
+
+    // Every row of the block sees no key (causal with sq > sk, or sk == 0): O = 0, LSE = +inf.
+    __device__ void write_empty(const Flash_fwd_params &p, int block_m, int head_dim, int tid, int nthreads) const {
+        uint16_t *o16 = reinterpret_cast<uint16_t *>(o);  // +0.0 is all-zero bits in bf16/fp16
+        for (int i = tid; i < min(rows_left, block_m) * head_dim; i += nthreads) {
+            o16[(i / head_dim) * p.o_row_stride + i % head_dim] = 0;
+        }
+        for (int i = tid; i < min(rows_left, block_m); i += nthreads) lse[i] = INFINITY;
+    }
+};
+
 template <typename Kt, bool Is_causal, bool Is_even>
 __global__ void __launch_bounds__(Kt::kNThreads, Kt::kMinBlocks)
 flash_fwd_kernel(const Flash_fwd_params params) {
@@ -65,40 +107,18 @@ flash_fwd_kernel(const Flash_fwd_params params) {
 
     const int m_block = gridDim.y - 1 - blockIdx.y;
     const int b = blockIdx.x / params.h, h = blockIdx.x % params.h;
-    const int h_k = h / params.h_h_k_ratio;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
 
     const SeqInfo seq(params, b);
     if (m_block * BM >= seq.sq) return;  // varlen: this sequence is shorter than the grid
-    const int rows_left = seq.sq - m_block * BM;
-
-    const T *q_ptr = reinterpret_cast<const T *>(params.q_ptr) +
-                     seq.q_off(params, params.q_batch_stride, params.q_row_stride, params.q_head_stride, b, h) +
-                     int64_t(m_block) * BM * params.q_row_stride;
-    const T *k_ptr = reinterpret_cast<const T *>(params.k_ptr) +
-                     seq.k_off(params, params.k_batch_stride, params.k_row_stride, params.k_head_stride, b, h_k);
-    const T *v_ptr = reinterpret_cast<const T *>(params.v_ptr) +
-                     seq.k_off(params, params.v_batch_stride, params.v_row_stride, params.v_head_stride, b, h_k);
-    T *o_ptr = reinterpret_cast<T *>(params.o_ptr) +
-               seq.q_off(params, params.o_batch_stride, params.o_row_stride, params.o_head_stride, b, h) +
-               int64_t(m_block) * BM * params.o_row_stride;
-    float *lse_ptr = params.lse_ptr + seq.lse_off(params, b, h) + m_block * BM;
-
-    // Bottom-right causal alignment: query i may see key j iff j <= i + (sk - sq).
-    const int causal_off = seq.sk - seq.sq;
-    int n_block_max = cdiv(seq.sk, BN);
-    if (Is_causal) {
-        const int last_key = min(seq.sq, (m_block + 1) * BM) - 1 + causal_off;  // of the last row
-        n_block_max = last_key < 0 ? 0 : min(n_block_max, last_key / BN + 1);
-    }
+    const FwdBlock<T> fb = FwdBlock<T>::template make<Is_causal>(params, seq, b, h, m_block, BM, BN);
+    const int rows_left = fb.rows_left, causal_off = fb.causal_off, n_block_max = fb.n_block_max;
+    const T *q_ptr = fb.q, *k_ptr = fb.k, *v_ptr = fb.v;
+    T *o_ptr = fb.o;
+    float *lse_ptr = fb.lse;
     if (n_block_max <= 0) {
-        // Every row of this block sees no key (causal with sq > sk, or sk == 0): O = 0, LSE = +inf.
-        uint16_t *o16 = reinterpret_cast<uint16_t *>(o_ptr);  // +0.0 is all-zero bits in bf16/fp16
-        for (int i = tid; i < min(rows_left, BM) * D; i += NT) {
-            o16[(i / D) * params.o_row_stride + i % D] = 0;
-        }
-        for (int i = tid; i < min(rows_left, BM); i += NT) lse_ptr[i] = INFINITY;
+        fb.write_empty(params, BM, D, tid, NT);
         return;
     }
 

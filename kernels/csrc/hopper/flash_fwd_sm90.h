@@ -51,35 +51,18 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Fl
 
     const int m_block = gridDim.y - 1 - blockIdx.y;
     const int b = blockIdx.x / params.h, h = blockIdx.x % params.h;
-    const int h_k = h / params.h_h_k_ratio;
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
 
     const SeqInfo seq(params, b);
     if (m_block * BM >= seq.sq) return;
-    const int rows_left = seq.sq - m_block * BM;
-    const T *q_ptr = reinterpret_cast<const T *>(params.q_ptr) +
-                     seq.q_off(params, params.q_batch_stride, params.q_row_stride, params.q_head_stride, b, h) +
-                     int64_t(m_block) * BM * params.q_row_stride;
-    const T *k_ptr = reinterpret_cast<const T *>(params.k_ptr) +
-                     seq.k_off(params, params.k_batch_stride, params.k_row_stride, params.k_head_stride, b, h_k);
-    const T *v_ptr = reinterpret_cast<const T *>(params.v_ptr) +
-                     seq.k_off(params, params.v_batch_stride, params.v_row_stride, params.v_head_stride, b, h_k);
-    T *o_ptr = reinterpret_cast<T *>(params.o_ptr) +
-               seq.q_off(params, params.o_batch_stride, params.o_row_stride, params.o_head_stride, b, h) +
-               int64_t(m_block) * BM * params.o_row_stride;
-    float *lse_ptr = params.lse_ptr + seq.lse_off(params, b, h) + m_block * BM;
-
-    const int causal_off = seq.sk - seq.sq;
-    int n_block_max = cdiv(seq.sk, BN);
-    if (Is_causal) {
-        const int last_key = min(seq.sq, (m_block + 1) * BM) - 1 + causal_off;
-        n_block_max = last_key < 0 ? 0 : min(n_block_max, last_key / BN + 1);
-    }
-    if (n_block_max <= 0) {  // no visible key for any row: O = 0, LSE = +inf
-        uint16_t *o16 = reinterpret_cast<uint16_t *>(o_ptr);
-        for (int i = tid; i < min(rows_left, BM) * D; i += kFwdThreads) o16[(i / D) * params.o_row_stride + i % D] = 0;
-        for (int i = tid; i < min(rows_left, BM); i += kFwdThreads) lse_ptr[i] = INFINITY;
+    const FwdBlock<T> fb = FwdBlock<T>::template make<Is_causal>(params, seq, b, h, m_block, BM, BN);
+    const int rows_left = fb.rows_left, causal_off = fb.causal_off, n_block_max = fb.n_block_max;
+    const T *q_ptr = fb.q, *k_ptr = fb.k, *v_ptr = fb.v;
+    T *o_ptr = fb.o;
+    float *lse_ptr = fb.lse;
+    if (n_block_max <= 0) {
+        fb.write_empty(params, BM, D, tid, kFwdThreads);
         return;
     }
 
