@@ -33,7 +33,10 @@ engine_args() {  # engine name -> config overrides
 go() {  # engine nproc [CUDA_VISIBLE_DEVICES]
   local e=$1 n=$2 devs=${3:-} name="${1}_${2}gpu" args
   args=$(engine_args $e) || return 1
-  CUDA_VISIBLE_DEVICES=${devs:-${CUDA_VISIBLE_DEVICES:-}} timeout $RUN_TIMEOUT torchrun --standalone \
+  # pin to a GPU only when asked: an unset CUDA_VISIBLE_DEVICES must stay unset (an empty one hides
+  # every GPU, and the trainer then runs on the CPU)
+  local pin=(); [ -n "$devs" ] && pin=(env CUDA_VISIBLE_DEVICES=$devs)
+  "${pin[@]}" timeout $RUN_TIMEOUT torchrun --standalone \
     --nproc_per_node=$n launch/train.py --config $CONFIG $COMMON train.run_name=$name $args \
     > $OUT/$name.log 2>&1 || echo "FAILED: $name (see $OUT/$name.log)"
   tail -2 $OUT/$name.log | grep -v "^$"
