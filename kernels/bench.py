@@ -12,7 +12,9 @@ Error column: max |ours - fp32 reference| of the forward output on batch 0, head
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 
 import torch
@@ -40,6 +42,23 @@ def time_ms(fn, reps: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
+@contextlib.contextmanager
+def fa2_path(on: bool):
+    """With on=True, our kernels take their FA2 (mma.sync) path on Hopper too (FLASHGPT_SM90=0 is
+    read on every launch), so the Hopper kernels and the FA2 ones are timed in one process."""
+    old = os.environ.get("FLASHGPT_SM90")
+    if on:
+        os.environ["FLASHGPT_SM90"] = "0"
+    try:
+        yield
+    finally:
+        if on:
+            if old is None:
+                os.environ.pop("FLASHGPT_SM90", None)
+            else:
+                os.environ["FLASHGPT_SM90"] = old
+
+
 def impls(causal: bool, deterministic: bool = False):
     def ours(q, k, v):
         return flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
@@ -57,7 +76,7 @@ def impls(causal: bool, deterministic: bool = False):
 
 
 def bench_row(hdim: int, seqlen: int, causal: bool, reps: int, det: bool,
-              only_ours: bool = False) -> dict:
+              only_ours: bool = False, fa2: bool = False) -> dict:
     batch, heads = TOKENS // seqlen, D_MODEL // hdim
     torch.manual_seed(0)
     q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16,
@@ -70,12 +89,15 @@ def bench_row(hdim: int, seqlen: int, causal: bool, reps: int, det: bool,
         fns = {"ours": fns["ours"]}
     if det:
         fns["ours_det"] = impls(causal, deterministic=True)["ours"]
+    if fa2:
+        fns["fa2"] = fns["ours"]  # the same op, timed with the Hopper kernels switched off
     for name, fn in fns.items():
         try:
-            with torch.no_grad():
+            with fa2_path(name == "fa2"), torch.no_grad():
                 ms = time_ms(lambda: fn(q, k, v), reps)
             row[f"{name}_fwd"] = flops / ms / 1e9
-            ms = time_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), reps)
+            with fa2_path(name == "fa2"):
+                ms = time_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), reps)
             row[f"{name}_fwdbwd"] = 3.5 * flops / ms / 1e9
         except RuntimeError as e:  # e.g. a backend that refuses the shape
             print(f"  {name} failed: {str(e).splitlines()[0]}")
@@ -91,10 +113,11 @@ def bench_row(hdim: int, seqlen: int, causal: bool, reps: int, det: bool,
     return row
 
 
-def table(rows: list[dict], det: bool) -> str:
+def table(rows: list[dict], det: bool, fa2: bool = False) -> str:
     head = ("| hdim | causal | seqlen | batch×heads | ours fwd | flash fwd | cudnn fwd | ours/flash | "
             "ours/cudnn | ours f+b | flash f+b | cudnn f+b | ours/flash f+b | ours/cudnn f+b |"
-            + (" ours det f+b |" if det else "") + " max err (flash err) |")
+            + (" ours det f+b |" if det else "") + (" FA2 path fwd | FA2 path f+b |" if fa2 else "")
+            + " max err (flash err) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         cells = [r["hdim"], "yes" if r["causal"] else "no", r["seqlen"], f"{r['batch']}×{r['heads']}",
@@ -104,6 +127,8 @@ def table(rows: list[dict], det: bool) -> str:
                  f"{r['ours_fwdbwd'] / r['flash_fwdbwd']:.2f}", f"{r['ours_fwdbwd'] / r['cudnn_fwdbwd']:.2f}"]
         if det:
             cells.append(f"{r['ours_det_fwdbwd']:.0f}")
+        if fa2:
+            cells += [f"{r['fa2_fwd']:.0f}", f"{r['fa2_fwdbwd']:.0f}"]
         cells.append(f"{r['err']:.1e} ({r['err_flash']:.1e})")
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
@@ -117,6 +142,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--det", action="store_true", help="also time the deterministic backward")
     ap.add_argument("--only-ours", action="store_true", help="tuning sweeps: skip SDPA")
+    ap.add_argument("--compare-fa2", action="store_true",
+                    help="also time our FA2 path where the Hopper kernels would run (FLASHGPT_SM90=0)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
@@ -125,10 +152,12 @@ def main() -> None:
     for hdim in args.hdims:
         for causal in args.causal:
             for s in args.seqlens:
-                r = bench_row(hdim, s, bool(causal), args.reps, args.det, args.only_ours)
+                r = bench_row(hdim, s, bool(causal), args.reps, args.det, args.only_ours, args.compare_fa2)
                 line = f"  hdim {hdim} causal {causal} seqlen {s}: ours {r['ours_fwd']:.0f}/{r['ours_fwdbwd']:.0f}"
                 if "ours_det_fwdbwd" in r:
                     line += f" (det f+b {r['ours_det_fwdbwd']:.0f})"
+                if "fa2_fwdbwd" in r:
+                    line += f" (FA2 path {r['fa2_fwd']:.0f}/{r['fa2_fwdbwd']:.0f})"
                 if not args.only_ours:
                     line += (f"  flash {r['flash_fwd']:.0f}/{r['flash_fwdbwd']:.0f}  "
                              f"cudnn {r['cudnn_fwd']:.0f}/{r['cudnn_fwdbwd']:.0f}")
@@ -139,7 +168,7 @@ def main() -> None:
             json.dump(rows, f, indent=1)
     if not args.only_ours:
         print("\nTFLOP/s (fwd; f+b = fwd+bwd), bf16, batch*seqlen = 16k tokens, d_model 2048\n")
-        print(table(rows, args.det))
+        print(table(rows, args.det, args.compare_fa2))
 
 
 if __name__ == "__main__":

@@ -101,12 +101,15 @@ def load_extension(verbose: bool = False) -> ModuleType:
         old_arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
         if not old_arch:
             os.environ["TORCH_CUDA_ARCH_LIST"] = default_arch_list()
+        # The Hopper (wgmma) kernels exist only in sm_90a code; the host-side dispatch picks them
+        # only when the build has it (csrc/hopper/dispatch.h).
+        hopper = ["-DFLASHGPT_HAS_SM90A"] if "9.0a" in os.environ["TORCH_CUDA_ARCH_LIST"] else []
         try:
             _ext = cpp_extension.load(
                 name="flashgpt_fa2_" + source_hash(),
                 sources=[str(s) for s in sources()],
                 extra_cflags=CXX_FLAGS,
-                extra_cuda_cflags=NVCC_FLAGS,
+                extra_cuda_cflags=NVCC_FLAGS + hopper,
                 extra_include_paths=[str(CSRC)],
                 build_directory=str(out),
                 verbose=verbose,

@@ -6,6 +6,8 @@
 #include "flash.h"
 #include "flash_bwd_kernel.h"
 #include "flash_bwd_kernel_2d.h"
+#include "hopper/dispatch.h"
+#include "hopper/flash_bwd_sm90.h"
 #include "kernel_traits.h"
 #include "launch.h"
 #include "static_switch.h"
@@ -68,6 +70,10 @@ void run_mha_bwd_hdim96(Flash_bwd_params &params, cudaStream_t stream) {
 }
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim128(Flash_bwd_params &params, cudaStream_t stream) {
+    if (flash::sm90::enabled()) {  // Hopper: the wgmma backward (hopper/flash_bwd_sm90.h)
+        run_flash_bwd_sm90<T, Is_causal>(params, stream);
+        return;
+    }
 #ifdef FLASH_BWD2D_HD128
     run_flash_bwd_2d<Bwd2dTraits<128, FLASH_BWD2D_HD128, T>, BwdTraits<128, FLASH_BWD_HD128, T>, Is_causal>(
         params, stream);

@@ -6,9 +6,8 @@
 #include "launch.h"
 #include "static_switch.h"
 #include "tile_config.h"
-#ifdef FLASHGPT_SM90_FWD
+#include "hopper/dispatch.h"
 #include "hopper/flash_fwd_sm90.h"
-#endif
 
 template <typename Kt, bool Is_causal>
 void run_flash_fwd(Flash_fwd_params &params, cudaStream_t stream) {
@@ -39,17 +38,9 @@ void run_mha_fwd_hdim96(Flash_fwd_params &params, cudaStream_t stream) {
 }
 template <typename T, bool Is_causal>
 void run_mha_fwd_hdim128(Flash_fwd_params &params, cudaStream_t stream) {
-#ifdef FLASHGPT_SM90_FWD  // opt-in build (issue 8, v0): the wgmma forward on Hopper
-    static const bool hopper = [] {
-        int dev = 0, major = 0;
-        FLASH_CHECK_CUDA(cudaGetDevice(&dev));
-        FLASH_CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        return major == 9;
-    }();
-    if (hopper) {
+    if (flash::sm90::enabled()) {  // Hopper: the wgmma forward (hopper/flash_fwd_sm90.h)
         run_flash_fwd_sm90<T, Is_causal>(params, stream);
         return;
     }
-#endif
     run_flash_fwd<FwdTraits<128, FLASH_FWD_HD128, T>, Is_causal>(params, stream);
 }

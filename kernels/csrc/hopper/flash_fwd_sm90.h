@@ -1,8 +1,6 @@
 // Hopper forward, v0 (issue 8): the FA2 forward of flash_fwd_kernel.h with both products on wgmma.
-// NOT in the default build and not yet run on a GPU: compiled in only with
-//   FLASHGPT_NVCC_EXTRA=-DFLASHGPT_SM90_FWD python -m kernels.build
-// and then used for head dim 128 on sm_90 devices (flash_fwd_launch_template.h). Next step after it
-// passes tests/kernels: warp specialisation (producer warp + TMA), softmax/GEMM overlap.
+// The default for head dim 128 on sm_90 (hopper/dispatch.h); passes tests/kernels on the H100
+// (session 3). Next: warp specialisation (producer warp + TMA), softmax/GEMM overlap.
 //
 // Block: 128 query rows, 2 warpgroups (256 threads); warpgroup wg owns rows 64wg..64wg+63, warp w of
 // it rows 16w..16w+15 of those (the wgmma accumulator layout, wgmma.h). Keys in steps of BN = 128.
@@ -16,6 +14,7 @@
 #include "../flash_fwd_kernel.h"  // SeqInfo
 #include "../launch.h"
 #include "../static_switch.h"
+#include "tile_io.h"
 #include "wgmma.h"
 
 namespace flash {
@@ -24,21 +23,6 @@ namespace sm90 {
 constexpr int kFwdBM = 128, kFwdBN = 128, kFwdD = 128, kFwdThreads = 256;
 constexpr int kFwdTileBytes = 128 * 128 * 2;           // one swizzled 128 x 128 tile
 constexpr int kFwdSmemBytes = 5 * kFwdTileBytes;       // Q + 2 K + 2 V = 160 KB
-
-// cp.async a (128 x 128) tile into swizzled shared memory; rows >= rows_left are zero-filled.
-template <bool Is_even, typename T>
-__device__ __forceinline__ void load_tile_swizzled(uint8_t *smem, const T *gmem, int64_t row_stride,
-                                                   int rows_left, int tid) {
-    // 128 rows x 16 chunks = 2048 chunks, 8 per thread; thread tid keeps chunk column tid % 16.
-    const int c = (tid % 16) * 8;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const int r = tid / 16 + i * 16;
-        const bool pred = Is_even || r < rows_left;
-        const T *src = pred ? gmem + r * row_stride + c : gmem;
-        cp_async_16(smem_u32(smem + swizzled_offset<128>(r, c)), src, pred);
-    }
-}
 
 template <typename T, bool Is_causal, bool Is_even>
 __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Flash_fwd_params params) {
@@ -66,41 +50,52 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Fl
         return;
     }
 
-    int n_block = n_block_max - 1;
-    load_tile_swizzled<Is_even>(sQ, q_ptr, params.q_row_stride, rows_left, tid);
-    load_tile_swizzled<Is_even>(sK, k_ptr + int64_t(n_block) * BN * params.k_row_stride, params.k_row_stride,
-                                seq.sk - n_block * BN, tid);
-    load_tile_swizzled<Is_even>(sV, v_ptr + int64_t(n_block) * BN * params.v_row_stride, params.v_row_stride,
-                                seq.sk - n_block * BN, tid);
+    // Key tiles are visited from the last (the causal diagonal) down: tile it = key block
+    // n_block_max - 1 - it, in K buffer it % 2 and V buffer it % 2. Iteration it issues S_it = Q K_it^T
+    // and O += P_{it-1} V_{it-1} together, and runs the softmax of S_it while the PV product is still
+    // on the tensor cores (FA3's intra-warpgroup overlap); O is rescaled once PV has landed.
+    // Loads: the group issued at the top of iteration it holds K_{it+1} and V_it, waited for at the
+    // top of iteration it+1; the buffers they overwrite were last read in iteration it-1.
+    const int n_tiles = n_block_max;
+    auto key_block = [&](int it) { return n_block_max - 1 - it; };
+    load_tile_swizzled<BM, kFwdThreads, Is_even>(sQ, q_ptr, params.q_row_stride, rows_left, tid);
+    load_tile_swizzled<BN, kFwdThreads, Is_even>(sK, k_ptr + int64_t(key_block(0)) * BN * params.k_row_stride,
+                                                 params.k_row_stride, seq.sk - key_block(0) * BN, tid);
     cp_async_commit();
 
     float acc_o[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc_o[i] = 0.f;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // rows g and g+8 of the warp
+    float corr[2] = {1.f, 1.f};
     const float scale_log2 = params.scale_softmax_log2;
     const int row0 = wg * 64 + warp * 16;  // first query row (in the block) of this warp
+    const uint32_t q_base = smem_u32(sQ) + wg * 64 * 128;  // this warpgroup's 64 rows
+    float acc_s[64];
+    uint32_t p[8][4];  // P_{it-1} as A fragments (k = keys, 8 steps of 16)
 
-    for (int it = 0; n_block >= 0; --n_block, ++it) {
-        const int buf = it & 1;
-        if (n_block > 0) {
-            const int nb = n_block - 1;
-            load_tile_swizzled<Is_even>(sK + (buf ^ 1) * kFwdTileBytes, k_ptr + int64_t(nb) * BN * params.k_row_stride,
-                                        params.k_row_stride, seq.sk - nb * BN, tid);
-            load_tile_swizzled<Is_even>(sV + (buf ^ 1) * kFwdTileBytes, v_ptr + int64_t(nb) * BN * params.v_row_stride,
-                                        params.v_row_stride, seq.sk - nb * BN, tid);
-        }
-        cp_async_commit();
-        cp_async_wait<1>();
-        fence_async_smem();  // cp.async writes -> visible to wgmma
+    // Top of iteration it: tile it's K and tile it-1's V have landed (everyone's copies, visible to
+    // wgmma), and every thread is done with iteration it-1; then the loads for the next iteration.
+    auto sync_and_load = [&](int it) {
+        cp_async_wait<0>();
+        fence_async_smem();
         __syncthreads();
-        const uint32_t q_base = smem_u32(sQ) + wg * 64 * 128;  // this warpgroup's 64 rows
-        const uint32_t k_base = smem_u32(sK + buf * kFwdTileBytes);
-        const uint32_t v_base = smem_u32(sV + buf * kFwdTileBytes);
-
-        // ---- S = Q K^T (64 x 128 per warpgroup) ------------------------------------------------
-        float acc_s[64];
-        wgmma_fence();
+        if (it < n_tiles) {
+            if (it + 1 < n_tiles) {
+                const int nb = key_block(it + 1);
+                load_tile_swizzled<BN, kFwdThreads, Is_even>(sK + ((it + 1) & 1) * kFwdTileBytes,
+                                                             k_ptr + int64_t(nb) * BN * params.k_row_stride,
+                                                             params.k_row_stride, seq.sk - nb * BN, tid);
+            }
+            const int nb = key_block(it);
+            load_tile_swizzled<BN, kFwdThreads, Is_even>(sV + (it & 1) * kFwdTileBytes,
+                                                         v_ptr + int64_t(nb) * BN * params.v_row_stride,
+                                                         params.v_row_stride, seq.sk - nb * BN, tid);
+            cp_async_commit();
+        }
+    };
+    auto issue_s = [&](int it) {  // S_it = Q K_it^T (64 x 128 per warpgroup), SS, both K-major
+        const uint32_t k_base = smem_u32(sK + (it & 1) * kFwdTileBytes);
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
             const uint32_t off = (ks / 4) * 128 * 128 + (ks % 4) * 32;  // atom column, 32 B per k16
@@ -108,9 +103,16 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Fl
                                       ks > 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();
-
-        // ---- mask: ragged last tile and, if causal, future keys -----------------------------------
+    };
+    auto issue_pv = [&](int it) {  // O += P_it V_it: P from registers, V MN-major (tnspB = 1)
+        const uint32_t v_base = smem_u32(sV + (it & 1) * kFwdTileBytes);
+#pragma unroll
+        for (int kc = 0; kc < BN / 16; ++kc)
+            wgmma_m64n128k16_rs<T, 1>(acc_o, p[kc], smem_desc(v_base + kc * 16 * 128, 128 * 128, 1024), true);
+        wgmma_commit();
+    };
+    auto softmax = [&](int it) {  // mask S_it, update the row statistics, P_it into acc_s
+        const int n_block = key_block(it);
         const bool need_mask = (!Is_even && (n_block + 1) * BN > seq.sk) ||
                                (Is_causal && (n_block + 1) * BN - 1 > m_block * BM + causal_off);
         if (need_mask) {
@@ -123,8 +125,6 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Fl
                     if (key >= seq.sk || (Is_causal && key > qrow + causal_off)) acc_s[4 * j + e] = -INFINITY;
                 }
         }
-
-        // ---- online softmax ---------------------------------------------------------------------
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
             float mx = row_max[hr];
@@ -132,27 +132,28 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Fl
             for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(acc_s[4 * j + 2 * hr], acc_s[4 * j + 2 * hr + 1]));
             mx = quad_max(mx);
             const float mx_scaled = (mx == -INFINITY) ? 0.f : mx * scale_log2;
-            const float corr = exp2f(row_max[hr] * scale_log2 - mx_scaled);
+            corr[hr] = exp2f(row_max[hr] * scale_log2 - mx_scaled);
             row_max[hr] = mx;
             float sum = 0.f;
 #pragma unroll
             for (int j = 0; j < 16; ++j)
 #pragma unroll
                 for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
-                    const float p = exp2f(acc_s[4 * j + e] * scale_log2 - mx_scaled);
-                    acc_s[4 * j + e] = p;
-                    sum += p;
+                    const float pe = exp2f(acc_s[4 * j + e] * scale_log2 - mx_scaled);
+                    acc_s[4 * j + e] = pe;
+                    sum += pe;
                 }
-            row_sum[hr] = row_sum[hr] * corr + sum;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                acc_o[4 * j + 2 * hr] *= corr;
-                acc_o[4 * j + 2 * hr + 1] *= corr;
-            }
+            row_sum[hr] = row_sum[hr] * corr[hr] + sum;
         }
-
-        // ---- O += P V: P as register A fragments (built before the fence), V MN-major -----------
-        uint32_t p[8][4];
+    };
+    auto rescale_o_and_pack_p = [&] {  // after PV_{it-1} has landed: O *= corr, P_it -> fragments
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            acc_o[4 * j + 0] *= corr[0];
+            acc_o[4 * j + 1] *= corr[0];
+            acc_o[4 * j + 2] *= corr[1];
+            acc_o[4 * j + 3] *= corr[1];
+        }
 #pragma unroll
         for (int kc = 0; kc < 8; ++kc) {
             p[kc][0] = pack2<T>(acc_s[8 * kc + 0], acc_s[8 * kc + 1]);
@@ -160,15 +161,30 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Fl
             p[kc][2] = pack2<T>(acc_s[8 * kc + 4], acc_s[8 * kc + 5]);
             p[kc][3] = pack2<T>(acc_s[8 * kc + 6], acc_s[8 * kc + 7]);
         }
+    };
+
+    // The loop is peeled so that every path through the steady state has the same wgmma groups in
+    // flight (ptxas serialises wgmmas when it cannot tell).
+    sync_and_load(0);
+    wgmma_fence();
+    issue_s(0);
+    wgmma_wait<0>();
+    softmax(0);
+    rescale_o_and_pack_p();
+    for (int it = 1; it < n_tiles; ++it) {
+        sync_and_load(it);
         wgmma_fence();
-#pragma unroll
-        for (int kc = 0; kc < BN / 16; ++kc) {
-            wgmma_m64n128k16_rs<T, 1>(acc_o, p[kc], smem_desc(v_base + kc * 16 * 128, 128 * 128, 1024), true);
-        }
-        wgmma_commit();
+        issue_s(it);
+        issue_pv(it - 1);
+        wgmma_wait<1>();  // S_it has landed; PV_{it-1} may still run while the softmax does
+        softmax(it);
         wgmma_wait<0>();
-        __syncthreads();  // everyone is done with buffer `buf` before it is refilled
+        rescale_o_and_pack_p();
     }
+    sync_and_load(n_tiles);
+    wgmma_fence();
+    issue_pv(n_tiles - 1);
+    wgmma_wait<0>();
 
     // ---- epilogue: O /= l, LSE; direct 4-byte stores (v0) --------------------------------------
 #pragma unroll

@@ -1,6 +1,7 @@
 // Hopper (sm_90a) building blocks for the issue-8 kernels: warpgroup MMA (wgmma) on bf16/fp16 with
 // fp32 accumulators, shared-memory matrix descriptors, and the 128-byte swizzle they read.
-// Status: verified only by kernels/csrc/hopper/wgmma_probe.cu (tests/kernels/test_wgmma_probe_gpu.py).
+// Checked by kernels/csrc/hopper/wgmma_probe.cu (tests/kernels/test_wgmma_probe_gpu.py) and used by
+// hopper/flash_fwd_sm90.h and hopper/flash_bwd_sm90.h.
 //
 // Shared-memory tiles ("128B-swizzled atoms"): a tile of R rows x 64 16-bit elements (128 bytes per
 // row) is stored row after row; within each 1024-byte group of 8 rows, the 16-byte chunk c of row r
@@ -88,6 +89,16 @@ __device__ __forceinline__ void fence_async_smem() {
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "             \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
+#define FLASHGPT_D32(d)                                                                                   \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+#define FLASHGPT_REGS32                                                                           \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                      \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+
 template <typename T> struct WgmmaType;
 template <> struct WgmmaType<__nv_bfloat16> { static constexpr const char *name = "bf16"; };
 template <> struct WgmmaType<__half> { static constexpr const char *name = "f16"; };
@@ -135,6 +146,31 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
             ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
             : FLASHGPT_D64(d)
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+    }
+#endif
+}
+
+// D (64 x 64, fp32) (+)= A (64 x 16, smem) * B (16 x 64, smem). kTransA = 0: A K-major (M rows x K),
+// 1: MN-major (K rows x M, M contiguous); kTransB likewise for B (0: N rows x K, 1: K rows x N).
+// Used by the backward: S^T = K Q^T and dP^T = V dO^T (0, 0); dQ = dS K with dS read from dS^T (1, 1).
+template <typename T, int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                                   bool accumulate) {
+#ifdef FLASHGPT_WGMMA_ENABLED
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FLASHGPT_REGS32
+            ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+            : FLASHGPT_D32(d)
+            : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FLASHGPT_REGS32
+            ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+            : FLASHGPT_D32(d)
+            : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB));
     }
 #endif
 }
