@@ -259,7 +259,7 @@ class Trainer:
     def _banner(self, resumed: Optional[Path], peak_src: str) -> str:
         c = self.cfg
         return (f"run {self.run_dir} | {c.model.n_layer}L d{c.model.d_model} h{c.model.n_head} "
-                f"seq {c.model.seq_len} | {self.engine.model.num_params() / 1e6:.2f}M params | attention "
+                f"seq {c.model.seq_len} | {c.model.num_params() / 1e6:.2f}M params | attention "
                 f"{self.engine.model.attention_backend}{' | torch.compile' if self.engine.compiled else ''} | "
                 f"{self.dist.world_size} rank(s) on "
                 f"{self.dist.device} | micro-batch {c.train.micro_batch_size} x accum {self.accum} = "
