@@ -53,6 +53,10 @@ using BwdTraits = Flash_bwd_kernel_traits<D, BM, BN, W, T, MINB, UNROLL, DQM>;
 
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim64(Flash_bwd_params &params, cudaStream_t stream) {
+    if (flash::sm90::enabled()) {  // Hopper: the wgmma backward (hopper/flash_bwd_sm90.h)
+        run_flash_bwd_sm90<T, 64, Is_causal>(params, stream);
+        return;
+    }
     run_flash_bwd<BwdTraits<64, FLASH_BWD_HD64, T>, Is_causal>(params, stream);
 }
 // 2-D layout tiles: (query rows per step, keys per block, warps, key warps, 16-row dQ slabs per warp).
@@ -71,7 +75,7 @@ void run_mha_bwd_hdim96(Flash_bwd_params &params, cudaStream_t stream) {
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim128(Flash_bwd_params &params, cudaStream_t stream) {
     if (flash::sm90::enabled()) {  // Hopper: the wgmma backward (hopper/flash_bwd_sm90.h)
-        run_flash_bwd_sm90<T, Is_causal>(params, stream);
+        run_flash_bwd_sm90<T, 128, Is_causal>(params, stream);
         return;
     }
 #ifdef FLASH_BWD2D_HD128

@@ -30,6 +30,10 @@ using FwdTraits = Flash_fwd_kernel_traits<D, BM, BN, W, T, MINB>;
 
 template <typename T, bool Is_causal>
 void run_mha_fwd_hdim64(Flash_fwd_params &params, cudaStream_t stream) {
+    if (flash::sm90::enabled()) {  // Hopper: the wgmma forward (hopper/flash_fwd_sm90.h)
+        run_flash_fwd_sm90<T, 64, Is_causal>(params, stream);
+        return;
+    }
     run_flash_fwd<FwdTraits<64, FLASH_FWD_HD64, T>, Is_causal>(params, stream);
 }
 template <typename T, bool Is_causal>
@@ -39,7 +43,7 @@ void run_mha_fwd_hdim96(Flash_fwd_params &params, cudaStream_t stream) {
 template <typename T, bool Is_causal>
 void run_mha_fwd_hdim128(Flash_fwd_params &params, cudaStream_t stream) {
     if (flash::sm90::enabled()) {  // Hopper: the wgmma forward (hopper/flash_fwd_sm90.h)
-        run_flash_fwd_sm90<T, Is_causal>(params, stream);
+        run_flash_fwd_sm90<T, 128, Is_causal>(params, stream);
         return;
     }
     run_flash_fwd<FwdTraits<128, FLASH_FWD_HD128, T>, Is_causal>(params, stream);

@@ -28,11 +28,12 @@
 namespace flash {
 namespace sm90 {
 
-constexpr int kBwdBM = 64, kBwdBN = 128, kBwdD = 128, kBwdThreads = 256;
-constexpr int kBwdKVBytes = kBwdBN * kBwdD * 2;   // 32 KB: K or V
-constexpr int kBwdQBytes = kBwdBM * kBwdD * 2;    // 16 KB: one Q or dO buffer
+constexpr int kBwdBM = 64, kBwdBN = 128, kBwdThreads = 256;
 constexpr int kBwdDSBytes = kBwdBN * kBwdBM * 2;  // 16 KB: dS^T
-constexpr int kBwdSmemBytes = 2 * kBwdKVBytes + 4 * kBwdQBytes + kBwdDSBytes + 4 * kBwdBM * 4;
+template <int D> constexpr int kBwdKVBytes = kBwdBN * D * 2;  // K or V (32 KB at D = 128)
+template <int D> constexpr int kBwdQBytes = kBwdBM * D * 2;   // one Q or dO buffer (16 KB at D = 128)
+template <int D>
+constexpr int kBwdSmemBytes = 2 * kBwdKVBytes<D> + 4 * kBwdQBytes<D> + kBwdDSBytes + 4 * kBwdBM * 4;
 
 // A fragments (mma.m16n8k16 A layout, k = the accumulator's columns) of a 64 x 64 accumulator,
 // 16 columns per step: four k16 steps.
@@ -47,10 +48,11 @@ __device__ __forceinline__ void to_a_fragments(const float (&acc)[32], uint32_t 
     }
 }
 
-template <typename T, bool Is_causal, bool Is_even>
+template <typename T, int D, bool Is_causal, bool Is_even>
 __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_sm90_kernel(const Flash_bwd_params params) {
 #ifdef FLASHGPT_WGMMA_ENABLED
-    constexpr int BM = kBwdBM, BN = kBwdBN, D = kBwdD, NT = kBwdThreads;
+    constexpr int BM = kBwdBM, BN = kBwdBN, NT = kBwdThreads;
+    constexpr int kBwdKVBytes = flash::sm90::kBwdKVBytes<D>, kBwdQBytes = flash::sm90::kBwdQBytes<D>;
     constexpr float kLog2e = 1.4426950408889634f;
     extern __shared__ __align__(1024) uint8_t smem[];
     uint8_t *sK = smem;
@@ -75,9 +77,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_sm90_kernel(const Fl
     // Query block m (Q, dO, LSE, D) into buffer buf; rows past the sequence zero.
     auto load_q_block = [&](int m, int buf) {
         const int rows = seq.sq - m * BM;
-        load_tile_swizzled<BM, NT, Is_even>(sQ + buf * kBwdQBytes, gp.q + int64_t(m) * BM * params.q_row_stride,
+        load_tile_swizzled<BM, D, NT, Is_even>(sQ + buf * kBwdQBytes, gp.q + int64_t(m) * BM * params.q_row_stride,
                                             params.q_row_stride, rows, tid);
-        load_tile_swizzled<BM, NT, Is_even>(sdO + buf * kBwdQBytes, gp.dO + int64_t(m) * BM * params.do_row_stride,
+        load_tile_swizzled<BM, D, NT, Is_even>(sdO + buf * kBwdQBytes, gp.dO + int64_t(m) * BM * params.do_row_stride,
                                             params.do_row_stride, rows, tid);
         if (tid < BM) {
             const bool ok = tid < rows;
@@ -87,19 +89,22 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_sm90_kernel(const Fl
         }
     };
 
-    load_tile_swizzled<BN, NT, Is_even>(sK, gp.k, params.k_row_stride, range.keys_left, tid);
-    load_tile_swizzled<BN, NT, Is_even>(sV, gp.v, params.v_row_stride, range.keys_left, tid);
+    load_tile_swizzled<BN, D, NT, Is_even>(sK, gp.k, params.k_row_stride, range.keys_left, tid);
+    load_tile_swizzled<BN, D, NT, Is_even>(sV, gp.v, params.v_row_stride, range.keys_left, tid);
     if (range.m_min < range.m_max) load_q_block(range.m_min, 0);
     cp_async_commit();
 
-    float acc_dk[64], acc_dv[64];
+    float acc_dk[D / 2], acc_dv[D / 2];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+    for (int i = 0; i < D / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
     const float scale_log2 = params.scale_softmax_log2;
     const uint32_t k_rows = smem_u32(sK) + wg * 64 * 128;  // this warpgroup's 64 key rows (A operands)
     const uint32_t v_rows = smem_u32(sV) + wg * 64 * 128;
-    const uint32_t k_cols = smem_u32(sK) + wg * BN * 128;  // atom column wg: head-dim cols 64wg.. (dQ's B)
-    const uint32_t ds_base = smem_u32(sdS);
+    // dQ's operands. D = 128: warpgroup wg computes head-dim columns 64wg.. (atom column wg of K)
+    // over all 128 keys; D = 64: all 64 columns over its own 64 keys (the two partial sums both go
+    // to dq_accum).
+    const uint32_t k_cols = smem_u32(sK) + (D == 128 ? wg * BN * 128 : wg * 64 * 128);
+    const uint32_t ds_base = smem_u32(sdS) + (D == 128 ? 0 : wg * 64 * 128);
 
     for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
         const int buf = it & 1;
@@ -113,7 +118,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_sm90_kernel(const Fl
         const uint32_t q_base = smem_u32(sQ + buf * kBwdQBytes), do_base = smem_u32(sdO + buf * kBwdQBytes);
         const float *sL = sLSE + buf * BM, *sDs = sDsum + buf * BM;
 
-        // ---- S^T = K_wg Q^T and dP^T = V_wg dO^T (64 keys x 64 queries) ---------------------------
+        // ---- S^T = K_wg Q^T and dP^T = V_wg dO^T (64 keys x 64 queries), two wgmma groups ---------
+        // Then: P^T while dP^T is still on the tensor cores; dV += P^T dO issued before dS^T is
+        // computed, so the dS^T arithmetic overlaps it.
         float acc_s[32], acc_dp[32];
         wgmma_fence();
 #pragma unroll
@@ -123,6 +130,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_sm90_kernel(const Fl
             wgmma_m64n64k16_ss<T, 0, 0>(acc_s, smem_desc(k_rows + off_kv, 16, 1024),
                                         smem_desc(q_base + off_q, 16, 1024), ks > 0);
         }
+        wgmma_commit();
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
             const uint32_t off_kv = (ks / 4) * BN * 128 + (ks % 4) * 32;
@@ -131,17 +139,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_sm90_kernel(const Fl
                                         smem_desc(do_base + off_q, 16, 1024), ks > 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();
+        wgmma_wait<1>();  // S^T has landed
 
-        // ---- P^T and dS^T in registers; element 4j+i: key key_row0+g+8(i/2), query 8j+2t+(i%2) ----
+        // ---- P^T in registers; element 4j+i: key key_row0+g+8(i/2), query 8j+2t+(i%2) -------------
         const bool need_mask = Is_causal && (n_block * BN + BN - 1 > m * BM + range.causal_off);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const float2 lse = *reinterpret_cast<const float2 *>(sL + 8 * j + 2 * t);
-            const float2 dsum = *reinterpret_cast<const float2 *>(sDs + 8 * j + 2 * t);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const float l = (i % 2) ? lse.y : lse.x, ds = (i % 2) ? dsum.y : dsum.x;
+                const float l = (i % 2) ? lse.y : lse.x;
                 float p = exp2f(acc_s[4 * j + i] * scale_log2 - l * kLog2e);
                 if (need_mask) {
                     const int key = n_block * BN + key_row0 + g + 8 * (i / 2);
@@ -149,14 +156,41 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_sm90_kernel(const Fl
                     if (key > q + range.causal_off) p = 0.f;
                 }
                 acc_s[4 * j + i] = p;
-                acc_dp[4 * j + i] = p * (acc_dp[4 * j + i] - ds);
             }
         }
         uint32_t a_p[4][4], a_ds[4][4];  // k = queries, 4 steps of 16
         to_a_fragments<T>(acc_s, a_p);
-        to_a_fragments<T>(acc_dp, a_ds);
 
-        // ---- dS^T (keys x queries) to shared memory for dQ ----------------------------------------
+        // ---- dV += P^T dO (k = the 64 queries; dO MN-major: LBO = next 64 head-dim columns) -------
+        wgmma_fence();
+#pragma unroll
+        for (int kc = 0; kc < BM / 16; ++kc)
+            wgmma_rs_n<T, D, 1>(acc_dv, a_p[kc], smem_desc(do_base + kc * 16 * 128, BM * 128, 1024), true);
+        wgmma_commit();
+        wgmma_wait<1>();  // dP^T has landed (dV may still run)
+
+        // ---- dS^T = P^T o (dP^T - D), straight into A fragments; P^T read back from its 16-bit
+        //      fragments (the fp32 copy is dead by now: 32 registers fewer at the peak) ------------
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {  // fragment e: n8 tile j = 2kc + e/2, rows +8*(e%2)
+                const int j = 2 * kc + e / 2, i0 = 4 * j + 2 * (e % 2);
+                const float2 dsum = *reinterpret_cast<const float2 *>(sDs + 8 * j + 2 * t);
+#ifdef FLASHGPT_BWD_FP32_P  // fallback: P^T from its fp32 registers (spills ~16-24 B at 255 registers)
+                const float2 pp = make_float2(acc_s[i0], acc_s[i0 + 1]);
+#else
+                const float2 pp = unpack2<T>(a_p[kc][e]);
+#endif
+                a_ds[kc][e] = pack2<T>(pp.x * (acc_dp[i0] - dsum.x), pp.y * (acc_dp[i0 + 1] - dsum.y));
+            }
+
+        // ---- dK += dS^T Q (Q MN-major), and dS^T (keys x queries) to shared memory for dQ ----------
+        wgmma_fence();
+#pragma unroll
+        for (int kc = 0; kc < BM / 16; ++kc)
+            wgmma_rs_n<T, D, 1>(acc_dk, a_ds[kc], smem_desc(q_base + kc * 16 * 128, BM * 128, 1024), true);
+        wgmma_commit();
 #pragma unroll
         for (int kc = 0; kc < 4; ++kc)
 #pragma unroll
@@ -165,24 +199,16 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_sm90_kernel(const Fl
                 *reinterpret_cast<uint32_t *>(sdS + swizzled_offset<BN>(r, c)) = a_ds[kc][e];
             }
 
-        // ---- dV += P^T dO, dK += dS^T Q (k = the 64 queries; dO, Q MN-major: LBO = next 64 cols) --
-        wgmma_fence();
-#pragma unroll
-        for (int kc = 0; kc < BM / 16; ++kc)
-            wgmma_m64n128k16_rs<T, 1>(acc_dv, a_p[kc], smem_desc(do_base + kc * 16 * 128, BM * 128, 1024), true);
-#pragma unroll
-        for (int kc = 0; kc < BM / 16; ++kc)
-            wgmma_m64n128k16_rs<T, 1>(acc_dk, a_ds[kc], smem_desc(q_base + kc * 16 * 128, BM * 128, 1024), true);
-        wgmma_commit();
-
         fence_async_smem();  // dS^T stores -> visible to wgmma
         __syncthreads();     // both warpgroups' halves of dS^T are in
 
-        // ---- dQ (64 queries x head-dim cols 64wg..64wg+63) = dS K, k = the 128 keys -----------------
+        // ---- dQ = dS K: D = 128: 64 queries x head-dim cols 64wg.., k = the 128 keys; D = 64:
+        //      64 queries x 64 cols, k = this warpgroup's 64 keys (a partial sum) ------------------
+        constexpr int kDQKeys = D == 128 ? BN : 64;
         float acc_dq[32];
         wgmma_fence();
 #pragma unroll
-        for (int kc = 0; kc < BN / 16; ++kc) {
+        for (int kc = 0; kc < kDQKeys / 16; ++kc) {
             wgmma_m64n64k16_ss<T, 1, 1>(acc_dq, smem_desc(ds_base + kc * 16 * 128, BN * 128, 1024),
                                         smem_desc(k_cols + kc * 16 * 128, BN * 128, 1024), kc > 0);
         }
@@ -198,16 +224,26 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_sm90_kernel(const Fl
             }
             __syncthreads();
         }
+        auto add_dq = [&] {
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-            const int q = m * BM + warp * 16 + g + 8 * hr;
-            if (q < seq.sq) {
-                float *row = gp.dq + int64_t(q) * gp.dq_row_stride + wg * 64 + 2 * t;
+            for (int hr = 0; hr < 2; ++hr) {
+                const int q = m * BM + warp * 16 + g + 8 * hr;
+                if (q < seq.sq) {
+                    float *row = gp.dq + int64_t(q) * gp.dq_row_stride + (D == 128 ? wg * 64 : 0) + 2 * t;
 #pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    atomicAdd(reinterpret_cast<float2 *>(row + 8 * j),
-                              make_float2(acc_dq[4 * j + 2 * hr], acc_dq[4 * j + 2 * hr + 1]));
+                    for (int j = 0; j < 8; ++j)
+                        atomicAdd(reinterpret_cast<float2 *>(row + 8 * j),
+                                  make_float2(acc_dq[4 * j + 2 * hr], acc_dq[4 * j + 2 * hr + 1]));
+                }
             }
+        };
+        if (D == 64 && params.deterministic) {  // the two partial sums in a fixed order too
+            if (wg == 0) add_dq();
+            __threadfence();
+            __syncthreads();
+            if (wg == 1) add_dq();
+        } else {
+            add_dq();
         }
         if (params.deterministic) {
             __threadfence();
@@ -225,7 +261,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_sm90_kernel(const Fl
             T *dk_row = gp.dk + int64_t(r) * params.dk_row_stride + 2 * t;
             T *dv_row = gp.dv + int64_t(r) * params.dv_row_stride + 2 * t;
 #pragma unroll
-            for (int j = 0; j < 16; ++j) {
+            for (int j = 0; j < D / 8; ++j) {
                 *reinterpret_cast<uint32_t *>(dk_row + 8 * j) = pack2<T>(
                     acc_dk[4 * j + 2 * hr] * params.scale_softmax, acc_dk[4 * j + 2 * hr + 1] * params.scale_softmax);
                 *reinterpret_cast<uint32_t *>(dv_row + 8 * j) =
@@ -241,14 +277,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_sm90_kernel(const Fl
 }  // namespace sm90
 }  // namespace flash
 
-template <typename T, bool Is_causal>
+template <typename T, int D, bool Is_causal>
 void run_flash_bwd_sm90(Flash_bwd_params &params, cudaStream_t stream) {
     using namespace flash::sm90;
     dim3 grid(params.b * params.h, flash::cdiv(params.seqlen_k, kBwdBN));  // y = key block (slow axis)
     const bool is_even = params.cu_seqlens_q == nullptr && params.seqlen_q % kBwdBM == 0 &&
                          params.seqlen_k % kBwdBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
-        launch_with_smem(&flash_bwd_sm90_kernel<T, Is_causal, Is_even>, grid, kBwdThreads, kBwdSmemBytes, params,
-                         stream);
+        launch_with_smem(&flash_bwd_sm90_kernel<T, D, Is_causal, Is_even>, grid, kBwdThreads, kBwdSmemBytes<D>,
+                         params, stream);
     });
 }

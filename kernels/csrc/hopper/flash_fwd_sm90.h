@@ -1,12 +1,13 @@
-// Hopper forward, v0 (issue 8): the FA2 forward of flash_fwd_kernel.h with both products on wgmma.
-// The default for head dim 128 on sm_90 (hopper/dispatch.h); passes tests/kernels on the H100
-// (session 3). Next: warp specialisation (producer warp + TMA), softmax/GEMM overlap.
+// Hopper forward (issue 8): the FA2 forward of flash_fwd_kernel.h with both products on wgmma and
+// the softmax of one key tile overlapping the PV product of the previous one. The default for head
+// dims 64 and 128 on sm_90 (hopper/dispatch.h). Next: warp specialisation (producer warp + TMA).
 //
 // Block: 128 query rows, 2 warpgroups (256 threads); warpgroup wg owns rows 64wg..64wg+63, warp w of
 // it rows 16w..16w+15 of those (the wgmma accumulator layout, wgmma.h). Keys in steps of BN = 128.
-// Shared memory (128B-swizzled, wgmma.h): Q 128 x 128, K and V double-buffered 128 x 128: 160 KB.
-//   S (64 x 128 per warpgroup) = Q K^T     SS wgmma, both K-major, 8 k16 steps over d
-//   O (64 x 128 per warpgroup) += P V      RS wgmma, P from the S registers, V MN-major (tnspB = 1)
+// Shared memory (128B-swizzled, wgmma.h): Q 128 x D, K and V double-buffered 128 x D: 160 KB at D =
+// 128, 80 KB at D = 64.
+//   S (64 x 128 per warpgroup) = Q K^T     SS wgmma, both K-major, D/16 k16 steps
+//   O (64 x D per warpgroup) += P V        RS wgmma, P from the S registers, V MN-major (tnspB = 1)
 // Masking, online softmax, the epilogue and the LSE convention are those of the FA2 forward.
 #pragma once
 #include <cmath>
@@ -20,14 +21,15 @@
 namespace flash {
 namespace sm90 {
 
-constexpr int kFwdBM = 128, kFwdBN = 128, kFwdD = 128, kFwdThreads = 256;
-constexpr int kFwdTileBytes = 128 * 128 * 2;           // one swizzled 128 x 128 tile
-constexpr int kFwdSmemBytes = 5 * kFwdTileBytes;       // Q + 2 K + 2 V = 160 KB
+constexpr int kFwdBM = 128, kFwdBN = 128, kFwdThreads = 256;
+template <int D> constexpr int kFwdTileBytes = 128 * D * 2;               // one swizzled 128 x D tile
+template <int D> constexpr int kFwdSmemBytes = 5 * kFwdTileBytes<D>;      // Q + 2 K + 2 V
 
-template <typename T, bool Is_causal, bool Is_even>
+template <typename T, int D, bool Is_causal, bool Is_even>
 __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Flash_fwd_params params) {
 #ifdef FLASHGPT_WGMMA_ENABLED
-    constexpr int BM = kFwdBM, BN = kFwdBN, D = kFwdD;
+    constexpr int BM = kFwdBM, BN = kFwdBN;
+    constexpr int kFwdTileBytes = flash::sm90::kFwdTileBytes<D>;
     extern __shared__ __align__(1024) uint8_t smem[];
     uint8_t *sQ = smem;
     uint8_t *sK = smem + kFwdTileBytes;       // 2 buffers
@@ -58,14 +60,14 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Fl
     // top of iteration it+1; the buffers they overwrite were last read in iteration it-1.
     const int n_tiles = n_block_max;
     auto key_block = [&](int it) { return n_block_max - 1 - it; };
-    load_tile_swizzled<BM, kFwdThreads, Is_even>(sQ, q_ptr, params.q_row_stride, rows_left, tid);
-    load_tile_swizzled<BN, kFwdThreads, Is_even>(sK, k_ptr + int64_t(key_block(0)) * BN * params.k_row_stride,
+    load_tile_swizzled<BM, D, kFwdThreads, Is_even>(sQ, q_ptr, params.q_row_stride, rows_left, tid);
+    load_tile_swizzled<BN, D, kFwdThreads, Is_even>(sK, k_ptr + int64_t(key_block(0)) * BN * params.k_row_stride,
                                                  params.k_row_stride, seq.sk - key_block(0) * BN, tid);
     cp_async_commit();
 
-    float acc_o[64];
+    float acc_o[D / 2];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc_o[i] = 0.f;
+    for (int i = 0; i < D / 2; ++i) acc_o[i] = 0.f;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // rows g and g+8 of the warp
     float corr[2] = {1.f, 1.f};
     const float scale_log2 = params.scale_softmax_log2;
@@ -83,12 +85,12 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Fl
         if (it < n_tiles) {
             if (it + 1 < n_tiles) {
                 const int nb = key_block(it + 1);
-                load_tile_swizzled<BN, kFwdThreads, Is_even>(sK + ((it + 1) & 1) * kFwdTileBytes,
+                load_tile_swizzled<BN, D, kFwdThreads, Is_even>(sK + ((it + 1) & 1) * kFwdTileBytes,
                                                              k_ptr + int64_t(nb) * BN * params.k_row_stride,
                                                              params.k_row_stride, seq.sk - nb * BN, tid);
             }
             const int nb = key_block(it);
-            load_tile_swizzled<BN, kFwdThreads, Is_even>(sV + (it & 1) * kFwdTileBytes,
+            load_tile_swizzled<BN, D, kFwdThreads, Is_even>(sV + (it & 1) * kFwdTileBytes,
                                                          v_ptr + int64_t(nb) * BN * params.v_row_stride,
                                                          params.v_row_stride, seq.sk - nb * BN, tid);
             cp_async_commit();
@@ -108,7 +110,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Fl
         const uint32_t v_base = smem_u32(sV + (it & 1) * kFwdTileBytes);
 #pragma unroll
         for (int kc = 0; kc < BN / 16; ++kc)
-            wgmma_m64n128k16_rs<T, 1>(acc_o, p[kc], smem_desc(v_base + kc * 16 * 128, 128 * 128, 1024), true);
+            wgmma_rs_n<T, D, 1>(acc_o, p[kc], smem_desc(v_base + kc * 16 * 128, 128 * 128, 1024), true);
         wgmma_commit();
     };
     auto softmax = [&](int it) {  // mask S_it, update the row statistics, P_it into acc_s
@@ -148,7 +150,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Fl
     };
     auto rescale_o_and_pack_p = [&] {  // after PV_{it-1} has landed: O *= corr, P_it -> fragments
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
+        for (int j = 0; j < D / 8; ++j) {
             acc_o[4 * j + 0] *= corr[0];
             acc_o[4 * j + 1] *= corr[0];
             acc_o[4 * j + 2] *= corr[1];
@@ -197,7 +199,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Fl
             if (t == 0) lse_ptr[r] = empty ? INFINITY : row_max[hr] * params.scale_softmax + logf(l);
             T *orow = o_ptr + int64_t(r) * params.o_row_stride;
 #pragma unroll
-            for (int j = 0; j < 16; ++j) {
+            for (int j = 0; j < D / 8; ++j) {
                 *reinterpret_cast<uint32_t *>(orow + j * 8 + 2 * t) =
                     pack2<T>(acc_o[4 * j + 2 * hr] * inv, acc_o[4 * j + 2 * hr + 1] * inv);
             }
@@ -211,13 +213,13 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Fl
 }  // namespace sm90
 }  // namespace flash
 
-template <typename T, bool Is_causal>
+template <typename T, int D, bool Is_causal>
 void run_flash_fwd_sm90(Flash_fwd_params &params, cudaStream_t stream) {
     dim3 grid(params.b * params.h, flash::cdiv(params.seqlen_q, flash::sm90::kFwdBM));
     const bool is_even = params.cu_seqlens_q == nullptr && params.seqlen_q % flash::sm90::kFwdBM == 0 &&
                          params.seqlen_k % flash::sm90::kFwdBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
-        launch_with_smem(&flash::sm90::flash_fwd_sm90_kernel<T, Is_causal, Is_even>, grid, flash::sm90::kFwdThreads,
-                         flash::sm90::kFwdSmemBytes, params, stream);
+        launch_with_smem(&flash::sm90::flash_fwd_sm90_kernel<T, D, Is_causal, Is_even>, grid, flash::sm90::kFwdThreads,
+                         flash::sm90::kFwdSmemBytes<D>, params, stream);
     });
 }

@@ -175,5 +175,39 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc
 #endif
 }
 
+// D (64 x 64, fp32) (+)= A (64 x 16, registers) * B (smem), as wgmma_m64n128k16_rs with N = 64.
+template <typename T, int kTransB>
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                                   bool accumulate) {
+#ifdef FLASHGPT_WGMMA_ENABLED
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FLASHGPT_REGS32
+            ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+            : FLASHGPT_D32(d)
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FLASHGPT_REGS32
+            ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+            : FLASHGPT_D32(d)
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+    }
+#endif
+}
+
+// O (64 x N) (+)= A (registers) * B (smem, MN-major when kTransB): N = the head dim, 64 or 128.
+template <typename T, int N, int kTransB>
+__device__ __forceinline__ void wgmma_rs_n(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
+    static_assert(N == 64 || N == 128, "head dims 64 and 128");
+    if constexpr (N == 128) {
+        wgmma_m64n128k16_rs<T, kTransB>(d, a, desc_b, accumulate);
+    } else {
+        wgmma_m64n64k16_rs<T, kTransB>(d, a, desc_b, accumulate);
+    }
+}
+
 }  // namespace sm90
 }  // namespace flash
