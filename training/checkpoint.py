@@ -346,11 +346,6 @@ class Checkpointer:
             raise CheckpointError(f"{path} was written by a newer version (format "
                                   f"{client['format_version']} > {FORMAT_VERSION}); upgrade this checkout")
         saved_ranks = client["world_size"]
-        if saved_ranks != self.dist.world_size and not getattr(engine, "reshardable", False):
-            raise CheckpointError(
-                f"{path} was saved with {saved_ranks} ranks, this run has {self.dist.world_size}, and "
-                f"{type(engine).__name__} cannot reshard its checkpoint: "
-                f"{getattr(engine, 'reshard_hint', '') or 'resume with the same number of processes'}")
         engine.load(path)
         # Loader positions are global, so any rank's file continues the data order; on a new rank
         # count, ranks without a file of their own read rank 0's and the trainer re-seeds their RNG.

@@ -30,8 +30,6 @@ def autocast_dtype(cfg: Config, device: torch.device):
 class Engine(ABC):
     model: torch.nn.Module  # the bare model (no wrapper), for evaluation and counting
     compiled = False  # train.compile took effect (shown in the run banner)
-    reshardable = True  # its checkpoint loads onto another number of ranks
-    reshard_hint = ""  # how to convert when it cannot
 
     @abstractmethod
     def forward_backward(self, batch, sync: bool) -> torch.Tensor: ...

@@ -130,21 +130,12 @@ def test_resume_on_fewer_ranks_continues_the_curve(tmp_path, cache_dir, straight
         assert curve[step] == pytest.approx(ref[step], rel=1e-4), step
 
 
-def test_zero3_refuses_another_rank_count_with_a_clear_message(tmp_path, cache_dir):
-    run(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=z", "train.stop_after=3",
-        *ENGINES["zero3"], nproc=2)
-    cmd = train_cmd(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=z", *ENGINES["zero3"])
-    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "saved with 2 ranks" in proc.stderr and "cannot reshard" in proc.stderr
-    assert "Traceback" not in proc.stderr
-
-
-@pytest.mark.parametrize("engine, saved_on, resumed_on", [("zero2", 2, 1), ("zero1", 1, 2)])
+@pytest.mark.parametrize("engine, saved_on, resumed_on", [("zero2", 2, 1), ("zero1", 1, 2), ("zero3", 2, 1)])
 def test_zero_resume_on_another_rank_count_via_universal_checkpoint(tmp_path, cache_dir, straight, engine,
                                                                     saved_on, resumed_on):
-    """ZeRO-1/2 shards are converted once (deepspeed_universal/ beside the checkpoint's own files)
-    and loaded on the new rank count; the curve continues as the uninterrupted 2-rank run's."""
+    """ZeRO-1/2/3 shards are converted once (deepspeed_universal/ beside the checkpoint's own files)
+    and loaded on the new rank count; the curve continues as the uninterrupted 2-rank run's (ZeRO-3
+    drifted by 5e-4 in three steps before repair_universal_load)."""
     run(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=u", "train.stop_after=3",
         *ENGINES[engine], nproc=saved_on)
     resumed = run(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=u", *ENGINES[engine],
