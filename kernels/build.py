@@ -124,6 +124,9 @@ def load_extension(verbose: bool = False) -> ModuleType:
             if not old_arch:
                 os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
         _error = None
+        from .tune import apply_cached  # this GPU's measured kernel choices, if tuned (kernels/tune.py)
+
+        apply_cached(_ext)
         return _ext
 
 

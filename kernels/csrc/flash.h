@@ -75,3 +75,11 @@ void run_bwd_convert_dq(Flash_bwd_params &params, cudaStream_t stream);
 // Hopper wgmma probe (hopper/wgmma_probe.cu): C1 = A B^T, C2 = T(C1) V for one 64 x 128 tile.
 template <typename T>
 void run_wgmma_probe(const void *a, const void *b, const void *v, float *c1, float *c2, cudaStream_t stream);
+
+// Which kernel family runs on Hopper, per shape class (hopper/dispatch.cu; set by kernels/tune.py
+// from its on-disk cache): pass 0 = forward, 1 = backward; head_dim 64 or 128; seqlen bucket of
+// seqlen_k: 0 (<= 1k), 1 (<= 2k), 2 (<= 4k), 3 (longer). choice -1 = built-in default, 0 = the FA2
+// kernel, 1 = the Hopper kernel (ignored where there is none: the head-dim-64 backward).
+int seqlen_bucket(int seqlen_k);
+void set_sm90_choice(int pass, int head_dim, bool causal, int bucket, int choice);
+int sm90_choice(int pass, int head_dim, bool causal, int bucket);

@@ -72,7 +72,7 @@ void run_mha_bwd_hdim96(Flash_bwd_params &params, cudaStream_t stream) {
 }
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim128(Flash_bwd_params &params, cudaStream_t stream) {
-    if (flash::sm90::enabled()) {  // Hopper: the wgmma backward (hopper/flash_bwd_sm90.h)
+    if (flash::sm90::use(flash::sm90::kBwd, 128, Is_causal, params.seqlen_k)) {  // hopper/dispatch.h
         run_flash_bwd_sm90<T, 128, Is_causal>(params, stream);
         return;
     }

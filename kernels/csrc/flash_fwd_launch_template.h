@@ -30,9 +30,7 @@ using FwdTraits = Flash_fwd_kernel_traits<D, BM, BN, W, T, MINB>;
 
 template <typename T, bool Is_causal>
 void run_mha_fwd_hdim64(Flash_fwd_params &params, cudaStream_t stream) {
-    // Hopper: the wgmma forward from 2k keys up; below, the FA2 kernel measured as fast or faster
-    // (kernels/NOTES.md, session 3).
-    if (flash::sm90::enabled() && params.seqlen_k >= 2048) {
+    if (flash::sm90::use(flash::sm90::kFwd, 64, Is_causal, params.seqlen_k)) {  // hopper/dispatch.h
         run_flash_fwd_sm90<T, 64, Is_causal>(params, stream);
         return;
     }
@@ -44,7 +42,7 @@ void run_mha_fwd_hdim96(Flash_fwd_params &params, cudaStream_t stream) {
 }
 template <typename T, bool Is_causal>
 void run_mha_fwd_hdim128(Flash_fwd_params &params, cudaStream_t stream) {
-    if (flash::sm90::enabled()) {  // Hopper: the wgmma forward (hopper/flash_fwd_sm90.h)
+    if (flash::sm90::use(flash::sm90::kFwd, 128, Is_causal, params.seqlen_k)) {  // hopper/dispatch.h
         run_flash_fwd_sm90<T, 128, Is_causal>(params, stream);
         return;
     }

@@ -267,3 +267,60 @@ def test_gpu_value_errors(bad, match):
         q = mk(1, 0, 2, 64)
     with pytest.raises(ValueError, match=match):
         flash_attn_func(q, q, q)
+
+
+# --- per-shape-class dispatch (kernels/tune.py) -------------------------------------------------
+hopper_only = pytest.mark.skipif(torch.cuda.get_device_capability()[0] != 9,
+                                 reason="one kernel family off Hopper: nothing to dispatch")
+
+
+def _reset_dispatch(ext):
+    from kernels.tune import shape_classes
+    for p, d, causal, bucket in shape_classes():
+        ext.set_sm90_choice(p, d, causal, bucket, -1)
+
+
+@hopper_only
+def test_dispatch_override_selects_the_kernel_family(monkeypatch, kernel_path):
+    """Forcing the FA2 family for a shape class gives the FLASHGPT_SM90=0 results bit for bit (forward)
+    and within tolerance (backward); the default gives the Hopper kernels' results."""
+    from kernels.build import load_extension
+    ext = load_extension()
+    torch.manual_seed(next(_seed))
+    q, k, v = (torch.randn(2, 2048, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    assert ext.seqlen_bucket(2048) == 1 and ext.sm90_choice(0, 128, True, 1) == -1
+    try:
+        ext.set_sm90_choice(0, 128, True, 1, 0)
+        forced = flash_attn_func(q, k, v, causal=True)
+        ext.set_sm90_choice(0, 128, True, 1, -1)
+        default = flash_attn_func(q, k, v, causal=True)
+        monkeypatch.setenv("FLASHGPT_SM90", "0")
+        fa2 = flash_attn_func(q, k, v, causal=True)
+    finally:
+        _reset_dispatch(ext)
+    assert torch.equal(forced, fa2)
+    if kernel_path == "default":
+        assert not torch.equal(default, fa2)  # the Hopper kernel: another summation order
+    with pytest.raises(ValueError):
+        ext.set_sm90_choice(0, 96, True, 0, 1)
+
+
+@hopper_only
+def test_tune_command_writes_and_applies_a_cache(tmp_path, monkeypatch, capsys):
+    from kernels import tune
+    from kernels.build import load_extension, source_hash
+    monkeypatch.setenv("FLASHGPT_TUNE_CACHE", str(tmp_path))
+    ext = load_extension()
+    try:
+        assert tune.main(["--reps", "2"]) == 0
+        path = tune.cache_path(torch.cuda.get_device_name(), source_hash())
+        entries = tune.load(path)
+        assert len(entries) == len(list(tune.shape_classes()))
+        assert all(e["ms"]["fa2"] > 0 and e["ms"]["hopper"] > 0 for e in entries)
+        for e in entries:  # applied
+            assert ext.sm90_choice(e["pass"], e["d"], e["causal"], e["bucket"]) == e["choice"]
+        _reset_dispatch(ext)
+        assert tune.apply_cached(ext) == path  # what a new process does when the extension loads
+        assert "Hopper" in capsys.readouterr().out or all(e["choice"] == 0 for e in entries)
+    finally:
+        _reset_dispatch(ext)

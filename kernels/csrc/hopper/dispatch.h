@@ -1,11 +1,14 @@
 // When the Hopper (wgmma) kernels run instead of the FA2 ones: on an sm_90 device, in a build that
 // holds sm_90a code (kernels/build.py defines FLASHGPT_HAS_SM90A when TORCH_CUDA_ARCH_LIST has
-// 9.0a), unless the environment says FLASHGPT_SM90=0. The variable is read on every call, so a
-// benchmark can time both paths in one process (kernels/bench.py --compare-fa2).
+// 9.0a), unless the environment says FLASHGPT_SM90=0 (read on every call, so a benchmark can time
+// both paths in one process: kernels/bench.py --compare-fa2); then per shape class, as the tuning
+// cache says (kernels/tune.py -> set_sm90_choice) or else by the built-in defaults measured in
+// session 3 (kernels/NOTES.md): Hopper for head dim 128, and for the head-dim-64 forward from 2k keys.
 #pragma once
 #include <cstdlib>
 #include <cstring>
 #include <cuda_runtime.h>
+#include "../flash.h"
 #include "../utils.h"
 
 namespace flash {
@@ -24,6 +27,20 @@ inline bool enabled() {
 #else
     return false;
 #endif
+}
+
+enum Pass { kFwd = 0, kBwd = 1 };
+
+inline bool default_choice(Pass pass, int head_dim, int seqlen_k) {
+    if (head_dim == 128) return true;
+    return pass == kFwd && head_dim == 64 && seqlen_k >= 2048;
+}
+
+// The Hopper kernel for this launch? (There is no Hopper backward for head dim 64.)
+inline bool use(Pass pass, int head_dim, bool causal, int seqlen_k) {
+    if (!enabled() || (pass == kBwd && head_dim != 128)) return false;
+    const int c = sm90_choice(pass, head_dim, causal, seqlen_bucket(seqlen_k));
+    return c < 0 ? default_choice(pass, head_dim, seqlen_k) : c == 1;
 }
 
 }  // namespace sm90
