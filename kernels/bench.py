@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 
 import torch
 import torch.nn.functional as F
@@ -23,23 +22,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels import flash_attn_func
 from kernels.reference import attention_ref
+from kernels.timing import time_ms
 
 TOKENS, D_MODEL = 16384, 2048
-
-
-def time_ms(fn, reps: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
 
 
 @contextlib.contextmanager

@@ -22,12 +22,13 @@ import json
 import logging
 import os
 import re
-import statistics
 import sys
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
+
+from .timing import time_ms
 
 TOKENS, D_MODEL = 16384, 2048
 BUCKET_SEQLEN = {0: 1024, 1: 2048, 2: 4096, 3: 8192}  # bucket (csrc/hopper/dispatch.cu) -> length timed
@@ -113,21 +114,6 @@ def apply_cached(ext) -> Optional[Path]:
     return path
 
 
-def _time_ms(fn: Callable[[], object], reps: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
-
-
 def measure(ext, reps: int) -> List[dict]:
     """Time both families for every shape class (the extension's choice forced per class, then put
     back to the default). Returns the cache entries."""
@@ -147,16 +133,15 @@ def measure(ext, reps: int) -> List[dict]:
                 ext.set_sm90_choice(p, d, causal, bucket, choice)
                 if p == 0:
                     with torch.no_grad():
-                        ms[name] = _time_ms(lambda: flash_attn_func(q, k, v, causal=causal), reps)
+                        ms[name] = time_ms(lambda: flash_attn_func(q, k, v, causal=causal), reps)
                 else:
                     out = flash_attn_func(q, k, v, causal=causal)
-                    ms[name] = _time_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True),
+                    ms[name] = time_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True),
                                         reps)
         finally:
             ext.set_sm90_choice(p, d, causal, bucket, -1)
         entries.append({"pass": p, "d": d, "causal": causal, "bucket": bucket,
                         "choice": choose(ms["fa2"], ms["hopper"]), "ms": ms})
-        del q, k, v, dout
         torch.cuda.empty_cache()
     return entries
 

@@ -8,7 +8,6 @@ with NaN before every launch (set_debug_poison), inputs are fresh torch.randn dr
 from __future__ import annotations
 
 import itertools
-import math
 
 import pytest
 import torch
