@@ -262,6 +262,7 @@ class Trainer:
                 f"seq {c.model.seq_len} | {c.model.num_params() / 1e6:.2f}M params | attention "
                 f"{self.engine.model.attention_backend}{' | torch.compile' if self.engine.compiled else ''} | "
                 f"{self.dist.world_size} rank(s) on "
-                f"{self.dist.device} | micro-batch {c.train.micro_batch_size} x accum {self.accum} = "
+                f"{self.dist.device if self.dist.world_size == 1 else self.dist.device.type + ' (a device per rank)'}"
+                f" | micro-batch {c.train.micro_batch_size} x accum {self.accum} = "
                 f"global {c.train.global_batch_size} seqs | peak: {peak_src} | "
                 + (f"resumed from {resumed} at step {self.step}" if resumed else "fresh start"))
