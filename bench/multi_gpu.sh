@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Engines on 1 and N GPUs of one host, the same global batch (8 sequences): tokens/s and model
 # TFLOP/s per GPU, peak memory, and the loss curves (N-GPU vs 1-GPU), then (RESUME=1) a resume onto
-# another GPU count (FSDP2, 125M model). Usage (on the GPU machine, repo root):
+# another GPU count per engine of RESUME_ENGINES (default "fsdp zero2 zero3", 125M model). Usage (on
+# the GPU machine, repo root):
 #   NGPU=2 STEPS=6 bash bench/multi_gpu.sh [out_dir]
 #   CONFIG=gpt_2.7b_8k.yaml ENGINES="ddp zero2" GPUS="1 2" RESUME=0 bash bench/multi_gpu.sh /tmp/mg27
 # ENGINES: ddp, fsdp (FSDP2), zero0..zero3 (DeepSpeed). GPUS: the GPU counts to run each engine on.
@@ -52,13 +53,19 @@ for n in $GPUS; do
   fi
 done
 if [ "$RESUME" = 1 ]; then
-  # resume on another GPU count: FSDP2, 125M at 2k, saved on N GPUs at step 3, resumed on 1
+  # resume on another GPU count, per engine of RESUME_ENGINES (125M at 2k): an uninterrupted N-GPU
+  # run, the same stopped at step 3, and its resume on 1 GPU (DeepSpeed converts to a universal
+  # checkpoint first); compare resh_<engine>'s steps 4-6 with resh_<engine>_straight's.
   R="--config $RCONFIG train.global_batch_size=16 train.micro_batch_size=4 train.max_steps=6 \
 train.eval_interval=0 train.ckpt_interval=3 logging.progress=false logging.wandb=disabled \
-train.out_dir=$OUT data.cache_dir=$OUT/cache engine.parallel=fsdp"
-  timeout 200 torchrun --standalone --nproc_per_node=$NGPU launch/train.py $R train.run_name=resh_straight > $OUT/resh1.log 2>&1 || echo FAILED resh_straight
-  timeout 200 torchrun --standalone --nproc_per_node=$NGPU launch/train.py $R train.run_name=resh train.stop_after=3 > $OUT/resh2.log 2>&1 || echo FAILED resh stop
-  timeout 200 torchrun --standalone --nproc_per_node=1 launch/train.py $R train.run_name=resh > $OUT/resh3.log 2>&1 || echo FAILED resh resume
-  grep -h "resum" $OUT/resh3.log | head -2
+train.out_dir=$OUT data.cache_dir=$OUT/cache train.compile=false"
+  for e in ${RESUME_ENGINES:-fsdp zero2 zero3}; do
+    args=$(engine_args $e) || continue
+    L=$OUT/resh_$e
+    timeout 300 torchrun --standalone --nproc_per_node=$NGPU launch/train.py $R $args train.run_name=resh_${e}_straight > $L.1.log 2>&1 || echo "FAILED resh_${e}_straight"
+    timeout 300 torchrun --standalone --nproc_per_node=$NGPU launch/train.py $R $args train.run_name=resh_$e train.stop_after=3 > $L.2.log 2>&1 || echo "FAILED resh_$e stop"
+    timeout 300 torchrun --standalone --nproc_per_node=1 launch/train.py $R $args train.run_name=resh_$e > $L.3.log 2>&1 || echo "FAILED resh_$e resume"
+    grep -h "resum" $L.3.log | head -2
+  done
 fi
 python3 bench/summarize_runs.py --warmup $(( STEPS > 4 ? 3 : 2 )) $(ls -d $OUT/*/ | grep -v cache)
