@@ -41,6 +41,19 @@ struct BwdBlockPtrs {
     }
 };
 
+// cp.async of query block m's LSE and D entries (BM each; zero past the `rows` left in the sequence)
+// by threads 0..BM-1. Shared by both FA2 backward kernels and the Hopper one.
+template <int BM, typename T>
+__device__ __forceinline__ void load_row_stats(const BwdBlockPtrs<T> &g, int rows, int m, float *sLSE,
+                                               float *sDsum, int tid) {
+    if (tid < BM) {
+        const bool ok = tid < rows;
+        const int i = ok ? m * BM + tid : 0;
+        cp_async_4(smem_u32(sLSE + tid), g.lse + i, ok);
+        cp_async_4(smem_u32(sDsum + tid), g.dsum + i, ok);
+    }
+}
+
 // cp.async of query block m: Q and dO tiles (BM x D, rows past the sequence zero-filled) and the
 // LSE / D entries (zero past the end) into buffer `buf` of the double-buffered shared arrays.
 template <int BM, int D, int S, int NT, bool Is_even, typename T>
@@ -52,12 +65,7 @@ __device__ __forceinline__ void load_q_block(const Flash_bwd_params &p, const Bw
                                            rows, tid);
     load_tile_async<BM, D, S, NT, Is_even>(sdO, g.dO + int64_t(m) * BM * p.do_row_stride,
                                            p.do_row_stride, rows, tid);
-    if (tid < BM) {
-        const bool ok = tid < rows;
-        const int i = ok ? m * BM + tid : 0;
-        cp_async_4(smem_u32(sLSE + tid), g.lse + i, ok);
-        cp_async_4(smem_u32(sDsum + tid), g.dsum + i, ok);
-    }
+    load_row_stats<BM>(g, rows, m, sLSE, sDsum, tid);
 }
 
 // Query blocks a key block visits, and its keys: causal (bottom-right aligned) starts at the first

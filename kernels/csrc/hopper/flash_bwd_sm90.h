@@ -20,7 +20,7 @@
 // K/V rows past it are zero and their dK/dV rows are not written.
 #pragma once
 #include "../flash.h"
-#include "../flash_bwd_common.h"  // BwdBlockPtrs, BwdRange
+#include "../flash_bwd_common.h"  // BwdBlockPtrs, BwdRange, load_row_stats
 #include "../launch.h"
 #include "../static_switch.h"
 #include "tile_io.h"
@@ -85,12 +85,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_sm90_kernel(const Fl
                                             params.q_row_stride, rows, tid);
         load_tile_swizzled<BM, D, NT, Is_even>(sdO + buf * kBwdQBytes, gp.dO + int64_t(m) * BM * params.do_row_stride,
                                             params.do_row_stride, rows, tid);
-        if (tid < BM) {
-            const bool ok = tid < rows;
-            const int i = ok ? m * BM + tid : 0;
-            cp_async_4(smem_u32(sLSE + buf * BM + tid), gp.lse + i, ok);
-            cp_async_4(smem_u32(sDsum + buf * BM + tid), gp.dsum + i, ok);
-        }
+        load_row_stats<BM>(gp, rows, m, sLSE + buf * BM, sDsum + buf * BM, tid);
     };
 
     load_tile_swizzled<BN, D, NT, Is_even>(sK, gp.k, params.k_row_stride, range.keys_left, tid);
