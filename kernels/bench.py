@@ -8,6 +8,7 @@ Error column: max |ours - fp32 reference| of the forward output on batch 0, head
 (the full fp32 reference at 16k would need tens of GB).
 
     python -m kernels.bench [--reps 30] [--hdims 64 128] [--seqlens 512 1024 ...] [--json out.json]
+                            [--compare-fa2] [--compare-cpasync] [--only-ours]
 """
 from __future__ import annotations
 
@@ -27,21 +28,27 @@ from kernels.timing import time_ms
 TOKENS, D_MODEL = 16384, 2048
 
 
+# Variants of our kernels timed beside the default dispatch: name -> the environment switch that
+# selects it on Hopper (read on every launch, hopper/dispatch.h).
+VARIANTS = {"fa2": "FLASHGPT_SM90",         # the FA2 (mma.sync) kernels everywhere
+            "cpasync": "FLASHGPT_SM90_WS"}  # the cp.async wgmma forward instead of the TMA one
+
+
 @contextlib.contextmanager
-def fa2_path(on: bool):
-    """With on=True, our kernels take their FA2 (mma.sync) path on Hopper too (FLASHGPT_SM90=0 is
-    read on every launch), so the Hopper kernels and the FA2 ones are timed in one process."""
-    old = os.environ.get("FLASHGPT_SM90")
-    if on:
-        os.environ["FLASHGPT_SM90"] = "0"
+def variant(name: str | None):
+    """Within the block our kernels run as variant `name` (None: the default dispatch)."""
+    var = VARIANTS.get(name)
+    old = os.environ.get(var) if var else None
+    if var:
+        os.environ[var] = "0"
     try:
         yield
     finally:
-        if on:
+        if var:
             if old is None:
-                os.environ.pop("FLASHGPT_SM90", None)
+                os.environ.pop(var, None)
             else:
-                os.environ["FLASHGPT_SM90"] = old
+                os.environ[var] = old
 
 
 def impls(causal: bool, deterministic: bool = False):
@@ -61,7 +68,7 @@ def impls(causal: bool, deterministic: bool = False):
 
 
 def bench_row(hdim: int, seqlen: int, causal: bool, reps: int, det: bool,
-              only_ours: bool = False, fa2: bool = False) -> dict:
+              only_ours: bool = False, variants: tuple[str, ...] = ()) -> dict:
     batch, heads = TOKENS // seqlen, D_MODEL // hdim
     torch.manual_seed(0)
     q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16,
@@ -74,14 +81,14 @@ def bench_row(hdim: int, seqlen: int, causal: bool, reps: int, det: bool,
         fns = {"ours": fns["ours"]}
     if det:
         fns["ours_det"] = impls(causal, deterministic=True)["ours"]
-    if fa2:
-        fns["fa2"] = fns["ours"]  # the same op, timed with the Hopper kernels switched off
+    for name in variants:
+        fns[name] = fns["ours"]  # the same op, timed with another kernel selected
     for name, fn in fns.items():
         try:
-            with fa2_path(name == "fa2"), torch.no_grad():
+            with variant(name), torch.no_grad():
                 ms = time_ms(lambda: fn(q, k, v), reps)
             row[f"{name}_fwd"] = flops / ms / 1e9
-            with fa2_path(name == "fa2"):
+            with variant(name):
                 ms = time_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), reps)
             row[f"{name}_fwdbwd"] = 3.5 * flops / ms / 1e9
         except RuntimeError as e:  # e.g. a backend that refuses the shape
@@ -98,10 +105,10 @@ def bench_row(hdim: int, seqlen: int, causal: bool, reps: int, det: bool,
     return row
 
 
-def table(rows: list[dict], det: bool, fa2: bool = False) -> str:
+def table(rows: list[dict], det: bool, variants: tuple[str, ...] = ()) -> str:
     head = ("| hdim | causal | seqlen | batch×heads | ours fwd | flash fwd | cudnn fwd | ours/flash | "
             "ours/cudnn | ours f+b | flash f+b | cudnn f+b | ours/flash f+b | ours/cudnn f+b |"
-            + (" ours det f+b |" if det else "") + (" FA2 path fwd | FA2 path f+b |" if fa2 else "")
+            + (" ours det f+b |" if det else "") + "".join(f" {v} fwd | {v} f+b |" for v in variants)
             + " max err (flash err) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -112,8 +119,8 @@ def table(rows: list[dict], det: bool, fa2: bool = False) -> str:
                  f"{r['ours_fwdbwd'] / r['flash_fwdbwd']:.2f}", f"{r['ours_fwdbwd'] / r['cudnn_fwdbwd']:.2f}"]
         if det:
             cells.append(f"{r['ours_det_fwdbwd']:.0f}")
-        if fa2:
-            cells += [f"{r['fa2_fwd']:.0f}", f"{r['fa2_fwdbwd']:.0f}"]
+        for v in variants:
+            cells += [f"{r[v + '_fwd']:.0f}", f"{r[v + '_fwdbwd']:.0f}"]
         cells.append(f"{r['err']:.1e} ({r['err_flash']:.1e})")
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
@@ -129,20 +136,23 @@ def main() -> None:
     ap.add_argument("--only-ours", action="store_true", help="tuning sweeps: skip SDPA")
     ap.add_argument("--compare-fa2", action="store_true",
                     help="also time our FA2 path where the Hopper kernels would run (FLASHGPT_SM90=0)")
+    ap.add_argument("--compare-cpasync", action="store_true",
+                    help="also time the cp.async wgmma forward instead of the TMA one (FLASHGPT_SM90_WS=0)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"cuDNN {torch.backends.cudnn.version()}")
+    variants = tuple(v for v, on in (("fa2", args.compare_fa2), ("cpasync", args.compare_cpasync)) if on)
     rows = []
     for hdim in args.hdims:
         for causal in args.causal:
             for s in args.seqlens:
-                r = bench_row(hdim, s, bool(causal), args.reps, args.det, args.only_ours, args.compare_fa2)
+                r = bench_row(hdim, s, bool(causal), args.reps, args.det, args.only_ours, variants)
                 line = f"  hdim {hdim} causal {causal} seqlen {s}: ours {r['ours_fwd']:.0f}/{r['ours_fwdbwd']:.0f}"
                 if "ours_det_fwdbwd" in r:
                     line += f" (det f+b {r['ours_det_fwdbwd']:.0f})"
-                if "fa2_fwdbwd" in r:
-                    line += f" (FA2 path {r['fa2_fwd']:.0f}/{r['fa2_fwdbwd']:.0f})"
+                for v in variants:
+                    line += f" ({v} {r[v + '_fwd']:.0f}/{r[v + '_fwdbwd']:.0f})"
                 if not args.only_ours:
                     line += (f"  flash {r['flash_fwd']:.0f}/{r['flash_fwdbwd']:.0f}  "
                              f"cudnn {r['cudnn_fwd']:.0f}/{r['cudnn_fwdbwd']:.0f}")
@@ -153,7 +163,7 @@ def main() -> None:
             json.dump(rows, f, indent=1)
     if not args.only_ours:
         print("\nTFLOP/s (fwd; f+b = fwd+bwd), bf16, batch*seqlen = 16k tokens, d_model 2048\n")
-        print(table(rows, args.det, args.compare_fa2))
+        print(table(rows, args.det, variants))
 
 
 if __name__ == "__main__":

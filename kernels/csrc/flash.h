@@ -31,6 +31,7 @@ struct Flash_fwd_params {
     int d;              // head dim (64, 96 or 128; the Python wrapper zero-pads others)
     int seqlen_q, seqlen_k;  // per-sequence lengths; in varlen mode the MAX lengths (grid size)
     int total_q;        // varlen: rows of q (lse row stride); non-varlen: b * seqlen_q
+    int total_k;        // varlen: rows of k and v; non-varlen: b * seqlen_k (TMA tensor extents)
 
     const int *__restrict__ cu_seqlens_q;  // nullptr unless varlen, int32 (b + 1)
     const int *__restrict__ cu_seqlens_k;

@@ -68,6 +68,7 @@ void fill_fwd_params(Flash_fwd_params &p, const at::Tensor &q, const at::Tensor 
     p.seqlen_q = varlen ? int(max_seqlen_q) : int(q.size(1));
     p.seqlen_k = varlen ? int(max_seqlen_k) : int(k.size(1));
     p.total_q = varlen ? int(q.size(0)) : p.b * p.seqlen_q;
+    p.total_k = varlen ? int(k.size(0)) : p.b * p.seqlen_k;
     p.cu_seqlens_q = varlen ? cu_q->data_ptr<int>() : nullptr;
     p.cu_seqlens_k = varlen ? cu_k->data_ptr<int>() : nullptr;
     p.scale_softmax = float(scale);

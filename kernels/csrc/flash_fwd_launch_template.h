@@ -8,6 +8,7 @@
 #include "tile_config.h"
 #include "hopper/dispatch.h"
 #include "hopper/flash_fwd_sm90.h"
+#include "hopper/flash_fwd_sm90_ws.h"
 
 template <typename Kt, bool Is_causal>
 void run_flash_fwd(Flash_fwd_params &params, cudaStream_t stream) {
@@ -31,7 +32,8 @@ using FwdTraits = Flash_fwd_kernel_traits<D, BM, BN, W, T, MINB>;
 template <typename T, bool Is_causal>
 void run_mha_fwd_hdim64(Flash_fwd_params &params, cudaStream_t stream) {
     if (flash::sm90::use(flash::sm90::kFwd, 64, Is_causal, params.seqlen_k)) {  // hopper/dispatch.h
-        run_flash_fwd_sm90<T, 64, Is_causal>(params, stream);
+        if (!(flash::sm90::ws_forward() && run_flash_fwd_sm90_ws<T, 64, Is_causal>(params, stream)))
+            run_flash_fwd_sm90<T, 64, Is_causal>(params, stream);
         return;
     }
     run_flash_fwd<FwdTraits<64, FLASH_FWD_HD64, T>, Is_causal>(params, stream);
@@ -43,7 +45,8 @@ void run_mha_fwd_hdim96(Flash_fwd_params &params, cudaStream_t stream) {
 template <typename T, bool Is_causal>
 void run_mha_fwd_hdim128(Flash_fwd_params &params, cudaStream_t stream) {
     if (flash::sm90::use(flash::sm90::kFwd, 128, Is_causal, params.seqlen_k)) {  // hopper/dispatch.h
-        run_flash_fwd_sm90<T, 128, Is_causal>(params, stream);
+        if (!(flash::sm90::ws_forward() && run_flash_fwd_sm90_ws<T, 128, Is_causal>(params, stream)))
+            run_flash_fwd_sm90<T, 128, Is_causal>(params, stream);
         return;
     }
     run_flash_fwd<FwdTraits<128, FLASH_FWD_HD128, T>, Is_causal>(params, stream);

@@ -36,14 +36,15 @@ def _ext():
     load_extension().set_debug_poison(False)
 
 
-@pytest.fixture(params=["default", "fa2"], autouse=True)
+@pytest.fixture(params=["default", "cpasync", "fa2"], autouse=True)
 def kernel_path(request, monkeypatch):
-    """On Hopper every check runs twice: through the default dispatch (the wgmma kernels for head dim
-    128) and with FLASHGPT_SM90=0 (the FA2 kernels everywhere). Elsewhere both are the same path."""
-    if request.param == "fa2":
+    """On Hopper every check runs three times: through the default dispatch (the warp-specialised TMA
+    forward and the wgmma backward for head dim 128), with FLASHGPT_SM90_WS=0 (the cp.async wgmma
+    forward), and with FLASHGPT_SM90=0 (the FA2 kernels everywhere). Elsewhere all are one path."""
+    if request.param != "default":
         if torch.cuda.get_device_capability()[0] != 9:
-            pytest.skip("FA2 is the default path on this GPU")
-        monkeypatch.setenv("FLASHGPT_SM90", "0")
+            pytest.skip("only Hopper has more than one kernel path")
+        monkeypatch.setenv({"cpasync": "FLASHGPT_SM90_WS", "fa2": "FLASHGPT_SM90"}[request.param], "0")
     return request.param
 
 
@@ -273,6 +274,38 @@ hopper_only = pytest.mark.skipif(torch.cuda.get_device_capability()[0] != 9,
                                  reason="one kernel family off Hopper: nothing to dispatch")
 
 
+def _launched_kernels(fn) -> list[str]:
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+@hopper_only
+@pytest.mark.parametrize("d,causal,varlen", [(128, True, True), (64, False, False)])
+def test_forward_runs_the_warp_specialised_kernel(d, causal, varlen, kernel_path, monkeypatch):
+    """The default Hopper forward is the TMA kernel (not a silent fallback), and it gives the cp.async
+    kernel's output bit for bit: same wgmma order, only the loads and the synchronisation differ."""
+    if kernel_path != "default":
+        pytest.skip("one check per shape")
+    torch.manual_seed(next(_seed))
+    sq, sk, h = 2100, 2100, 3  # not multiples of the 128-row tiles
+    shape = (sq, h, d) if varlen else (2, sq, h, d)
+    q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    if varlen:
+        cu = torch.tensor([0, 700, 2100], device="cuda", dtype=torch.int32)
+        run = lambda: flash_attn_varlen_func(q, k, v, cu, cu, 1400, 1400, causal=causal)  # noqa: E731
+    else:
+        run = lambda: flash_attn_func(q, k, v, causal=causal)  # noqa: E731
+    names = _launched_kernels(run)
+    assert any("flash_fwd_sm90_ws_kernel" in n for n in names), names
+    ws = run()
+    monkeypatch.setenv("FLASHGPT_SM90_WS", "0")
+    assert not any("ws_kernel" in n for n in _launched_kernels(run))
+    assert torch.equal(ws, run())
+
+
 def _reset_dispatch(ext):
     from kernels.tune import shape_classes
     for p, d, causal, bucket in shape_classes():
@@ -298,7 +331,7 @@ def test_dispatch_override_selects_the_kernel_family(monkeypatch, kernel_path):
     finally:
         _reset_dispatch(ext)
     assert torch.equal(forced, fa2)
-    if kernel_path == "default":
+    if kernel_path != "fa2":
         assert not torch.equal(default, fa2)  # the Hopper kernel: another summation order
     with pytest.raises(ValueError):
         ext.set_sm90_choice(0, 96, True, 0, 1)

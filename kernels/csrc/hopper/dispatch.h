@@ -29,6 +29,13 @@ inline bool enabled() {
 #endif
 }
 
+// The warp-specialised TMA forward (flash_fwd_sm90_ws.h) rather than the cp.async one
+// (flash_fwd_sm90.h), unless FLASHGPT_SM90_WS=0 (read on every call: tests and kernels/bench.py run both).
+inline bool ws_forward() {
+    const char *env = std::getenv("FLASHGPT_SM90_WS");
+    return !(env != nullptr && std::strcmp(env, "0") == 0);
+}
+
 enum Pass { kFwd = 0, kBwd = 1 };
 
 inline bool default_choice(Pass pass, int head_dim, int seqlen_k) {

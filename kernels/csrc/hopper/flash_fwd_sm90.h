@@ -15,6 +15,7 @@
 #include "../flash_fwd_kernel.h"  // SeqInfo
 #include "../launch.h"
 #include "../static_switch.h"
+#include "fwd_consumer.h"
 #include "tile_io.h"
 #include "wgmma.h"
 
@@ -65,11 +66,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Fl
                                                  params.k_row_stride, seq.sk - key_block(0) * BN, tid);
     cp_async_commit();
 
-    float acc_o[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) acc_o[i] = 0.f;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};  // rows g and g+8 of the warp
-    float corr[2] = {1.f, 1.f};
+    FwdRowState<T, D> st;  // O, row max / sum (fwd_consumer.h)
+    st.init();
     const float scale_log2 = params.scale_softmax_log2;
     const int row0 = wg * 64 + warp * 16;  // first query row (in the block) of this warp
     const uint32_t q_base = smem_u32(sQ) + wg * 64 * 128;  // this warpgroup's 64 rows
@@ -96,73 +94,11 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Fl
             cp_async_commit();
         }
     };
-    auto issue_s = [&](int it) {  // S_it = Q K_it^T (64 x 128 per warpgroup), SS, both K-major
-        const uint32_t k_base = smem_u32(sK + (it & 1) * kFwdTileBytes);
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-            const uint32_t off = (ks / 4) * 128 * 128 + (ks % 4) * 32;  // atom column, 32 B per k16
-            wgmma_m64n128k16_ss<T, 0>(acc_s, smem_desc(q_base + off, 16, 1024), smem_desc(k_base + off, 16, 1024),
-                                      ks > 0);
-        }
-        wgmma_commit();
-    };
-    auto issue_pv = [&](int it) {  // O += P_it V_it: P from registers, V MN-major (tnspB = 1)
-        const uint32_t v_base = smem_u32(sV + (it & 1) * kFwdTileBytes);
-#pragma unroll
-        for (int kc = 0; kc < BN / 16; ++kc)
-            wgmma_rs_n<T, D, 1>(acc_o, p[kc], smem_desc(v_base + kc * 16 * 128, 128 * 128, 1024), true);
-        wgmma_commit();
-    };
-    auto softmax = [&](int it) {  // mask S_it, update the row statistics, P_it into acc_s
-        const int n_block = key_block(it);
-        const bool need_mask = (!Is_even && (n_block + 1) * BN > seq.sk) ||
-                               (Is_causal && (n_block + 1) * BN - 1 > m_block * BM + causal_off);
-        if (need_mask) {
-#pragma unroll
-            for (int j = 0; j < 16; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = n_block * BN + j * 8 + 2 * t + (e & 1);
-                    const int qrow = m_block * BM + row0 + g + (e >= 2 ? 8 : 0);
-                    if (key >= seq.sk || (Is_causal && key > qrow + causal_off)) acc_s[4 * j + e] = -INFINITY;
-                }
-        }
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-            float mx = row_max[hr];
-#pragma unroll
-            for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(acc_s[4 * j + 2 * hr], acc_s[4 * j + 2 * hr + 1]));
-            mx = quad_max(mx);
-            const float mx_scaled = (mx == -INFINITY) ? 0.f : mx * scale_log2;
-            corr[hr] = exp2f(row_max[hr] * scale_log2 - mx_scaled);
-            row_max[hr] = mx;
-            float sum = 0.f;
-#pragma unroll
-            for (int j = 0; j < 16; ++j)
-#pragma unroll
-                for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
-                    const float pe = exp2f(acc_s[4 * j + e] * scale_log2 - mx_scaled);
-                    acc_s[4 * j + e] = pe;
-                    sum += pe;
-                }
-            row_sum[hr] = row_sum[hr] * corr[hr] + sum;
-        }
-    };
-    auto rescale_o_and_pack_p = [&] {  // after PV_{it-1} has landed: O *= corr, P_it -> fragments
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-            acc_o[4 * j + 0] *= corr[0];
-            acc_o[4 * j + 1] *= corr[0];
-            acc_o[4 * j + 2] *= corr[1];
-            acc_o[4 * j + 3] *= corr[1];
-        }
-#pragma unroll
-        for (int kc = 0; kc < 8; ++kc) {
-            p[kc][0] = pack2<T>(acc_s[8 * kc + 0], acc_s[8 * kc + 1]);
-            p[kc][1] = pack2<T>(acc_s[8 * kc + 2], acc_s[8 * kc + 3]);
-            p[kc][2] = pack2<T>(acc_s[8 * kc + 4], acc_s[8 * kc + 5]);
-            p[kc][3] = pack2<T>(acc_s[8 * kc + 6], acc_s[8 * kc + 7]);
-        }
+    auto issue_s = [&](int it) { issue_qk<T, D>(acc_s, q_base, smem_u32(sK + (it & 1) * kFwdTileBytes)); };
+    auto issue_pv = [&](int it) { flash::sm90::issue_pv<T, D>(st.acc_o, p, smem_u32(sV + (it & 1) * kFwdTileBytes)); };
+    auto softmax = [&](int it) {
+        st.template softmax<Is_causal, Is_even>(acc_s, key_block(it), m_block * BM + row0, seq.sk, causal_off,
+                                                scale_log2, g, t);
     };
 
     // The loop is peeled so that every path through the steady state has the same wgmma groups in
@@ -172,7 +108,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Fl
     issue_s(0);
     wgmma_wait<0>();
     softmax(0);
-    rescale_o_and_pack_p();
+    st.rescale_o_and_pack_p(acc_s, p);
     for (int it = 1; it < n_tiles; ++it) {
         sync_and_load(it);
         wgmma_fence();
@@ -181,30 +117,14 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Fl
         wgmma_wait<1>();  // S_it has landed; PV_{it-1} may still run while the softmax does
         softmax(it);
         wgmma_wait<0>();
-        rescale_o_and_pack_p();
+        st.rescale_o_and_pack_p(acc_s, p);
     }
     sync_and_load(n_tiles);
     wgmma_fence();
     issue_pv(n_tiles - 1);
     wgmma_wait<0>();
 
-    // ---- epilogue: O /= l, LSE; direct 4-byte stores (v0) --------------------------------------
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-        const float l = quad_sum(row_sum[hr]);
-        const bool empty = (l == 0.f) || (l != l);
-        const float inv = empty ? 0.f : 1.f / l;
-        const int r = row0 + g + hr * 8;
-        if (r < rows_left) {
-            if (t == 0) lse_ptr[r] = empty ? INFINITY : row_max[hr] * params.scale_softmax + logf(l);
-            T *orow = o_ptr + int64_t(r) * params.o_row_stride;
-#pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
-                *reinterpret_cast<uint32_t *>(orow + j * 8 + 2 * t) =
-                    pack2<T>(acc_o[4 * j + 2 * hr] * inv, acc_o[4 * j + 2 * hr + 1] * inv);
-            }
-        }
-    }
+    st.store(o_ptr, params.o_row_stride, lse_ptr, params.scale_softmax, row0, rows_left, g, t);
 #else
     __trap();
 #endif

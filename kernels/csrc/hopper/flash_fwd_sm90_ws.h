@@ -1,0 +1,190 @@
+// Hopper forward, warp-specialised (issue 8, v2): the wgmma forward of flash_fwd_sm90.h with its
+// loads moved to a producer warpgroup that drives the TMA, so the two consumer warpgroups never wait
+// for each other at a block-wide barrier -- each proceeds as soon as its tiles have landed.
+//
+// Block: 3 warpgroups (384 threads). Warpgroup 0, the producer, gives its registers away
+// (setmaxnreg 24) and one of its threads issues every TMA load: Q once, then K_it and V_it for each
+// key tile into a ring of kStages buffers each. Warpgroups 1 and 2, the consumers (setmaxnreg 240),
+// own query rows 0..63 and 64..127 of the 128-row block and run the same per-tile steps as the
+// cp.async kernel (fwd_consumer.h): S_it = Q K_it^T and O += P_{it-1} V_{it-1} issued together, the
+// softmax of S_it overlapping the PV product.
+// Synchronisation, all on mbarriers (tma.h), per ring slot s:
+//   k_full[s], v_full[s]: 1 arrival (the producer's expect-tx) + the tile's bytes from the TMA;
+//   k_empty[s], v_empty[s]: 8 arrivals, lane 0 of each consumer warp once its wgmma reading the slot
+//   has completed. Tile it uses slot it % kStages in round it / kStages; a waiter on round r waits
+//   for parity r & 1 (full) or (r & 1) ^ 1 (empty: round 0 passes at once on a fresh barrier).
+// Shared memory (128B-swizzled, wgmma.h): Q 128 x D, kStages x (K, V) 128 x D, then the barriers.
+#pragma once
+#include <type_traits>
+#include "../flash.h"
+#include "../flash_fwd_kernel.h"  // SeqInfo, FwdBlock
+#include "../static_switch.h"
+#include "../utils.h"
+#include "fwd_consumer.h"
+#include "tma.h"
+#include "wgmma.h"
+
+namespace flash {
+namespace sm90 {
+
+struct FwdTmaMaps {
+    CUtensorMap q, k, v;  // make_tile_map(): {d, rows, heads, batch}, boxes of 64 columns x 128 rows
+};
+
+constexpr int kWsThreads = 384, kWsBM = 128, kWsBN = 128;
+constexpr int kWsProducerRegs = 24, kWsConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 64K registers
+template <int D> constexpr int kWsStages = D == 64 ? 4 : 2;    // 2 x 64 KB of K/V at D = 128
+template <int D> constexpr int kWsTileBytes = 128 * D * 2;
+template <int D> constexpr int kWsBarrierOffset = (1 + 2 * kWsStages<D>) * kWsTileBytes<D>;
+template <int D> constexpr int kWsSmemBytes = kWsBarrierOffset<D> + (1 + 4 * kWsStages<D>) * 8;
+
+template <typename T, int D, bool Is_causal, bool Is_even>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    flash_fwd_sm90_ws_kernel(const __grid_constant__ Flash_fwd_params params, const __grid_constant__ FwdTmaMaps maps) {
+#ifdef FLASHGPT_WGMMA_ENABLED
+    constexpr int BM = kWsBM, BN = kWsBN, S = kWsStages<D>, kTile = kWsTileBytes<D>;
+    constexpr int kAtomCols = D / 64;  // TMA boxes per tile (64 columns each)
+    extern __shared__ __align__(1024) uint8_t smem[];
+    const uint32_t sQ = smem_u32(smem), sK = sQ + kTile, sV = sK + S * kTile;
+    const uint32_t bar = sQ + kWsBarrierOffset<D>;  // q_full, k_full[S], v_full[S], k_empty[S], v_empty[S]
+    const uint32_t q_full = bar, k_full = bar + 8, v_full = k_full + 8 * S, k_empty = v_full + 8 * S,
+                   v_empty = k_empty + 8 * S;
+
+    const int m_block = gridDim.y - 1 - blockIdx.y;
+    const int b = blockIdx.x / params.h, h = blockIdx.x % params.h;
+    const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+
+    const SeqInfo seq(params, b);
+    if (m_block * BM >= seq.sq) return;
+    const FwdBlock<T> fb = FwdBlock<T>::template make<Is_causal>(params, seq, b, h, m_block, BM, BN);
+    const int n_tiles = fb.n_block_max;
+    if (n_tiles <= 0) {
+        fb.write_empty(params, BM, D, tid, kWsThreads);
+        return;
+    }
+    auto key_block = [&](int it) { return n_tiles - 1 - it; };  // from the causal diagonal down
+
+    if (tid == 0) {
+        mbar_init(q_full, 1);
+        for (int s = 0; s < S; ++s) {
+            mbar_init(k_full + 8 * s, 1);
+            mbar_init(v_full + 8 * s, 1);
+            mbar_init(k_empty + 8 * s, 8);
+            mbar_init(v_empty + 8 * s, 8);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // ---- producer ----------------------------------------------------------------
+        regs_release<kWsProducerRegs>();
+        if (tid == 0) {
+            tma_prefetch_map(&maps.q);
+            tma_prefetch_map(&maps.k);
+            tma_prefetch_map(&maps.v);
+            const bool varlen = params.cu_seqlens_q != nullptr;
+            const int batch = varlen ? 0 : b, h_k = h / params.h_h_k_ratio;
+            const int q_row = (varlen ? seq.q_start : 0) + m_block * BM, k_row = varlen ? seq.k_start : 0;
+            mbar_arrive_expect_tx(q_full, kTile);
+#pragma unroll
+            for (int c = 0; c < kAtomCols; ++c) tma_load_4d(sQ + c * BM * 128, &maps.q, q_full, c * 64, q_row, h, batch);
+            for (int it = 0; it < n_tiles; ++it) {
+                const int s = it % S;
+                const uint32_t empty_parity = ((it / S) & 1) ^ 1;
+                const int row = k_row + key_block(it) * BN;
+                mbar_wait(k_empty + 8 * s, empty_parity);
+                mbar_arrive_expect_tx(k_full + 8 * s, kTile);
+#pragma unroll
+                for (int c = 0; c < kAtomCols; ++c)
+                    tma_load_4d(sK + s * kTile + c * BN * 128, &maps.k, k_full + 8 * s, c * 64, row, h_k, batch);
+                mbar_wait(v_empty + 8 * s, empty_parity);
+                mbar_arrive_expect_tx(v_full + 8 * s, kTile);
+#pragma unroll
+                for (int c = 0; c < kAtomCols; ++c)
+                    tma_load_4d(sV + s * kTile + c * BN * 128, &maps.v, v_full + 8 * s, c * 64, row, h_k, batch);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers ---------------------------------------------------------------------------------
+    regs_claim<kWsConsumerRegs>();
+    const int cw = wg - 1;                  // consumer warpgroup: rows 64 cw .. 64 cw + 63
+    const int g = lane / 4, t = lane % 4;
+    const int row0 = cw * 64 + warp * 16;  // first query row (in the block) of this warp
+    const uint32_t q_base = sQ + cw * 64 * 128;
+    const bool release = lane == 0;        // one arrival per consumer warp on the empty barriers
+    FwdRowState<T, D> st;
+    st.init();
+    float acc_s[64];
+    uint32_t p[8][4];  // P_{it-1} as A fragments
+
+    auto softmax = [&](int it) {
+        st.template softmax<Is_causal, Is_even>(acc_s, key_block(it), m_block * BM + row0, seq.sk, fb.causal_off,
+                                                params.scale_softmax_log2, g, t);
+    };
+    auto slot = [&](int it) { return it % S; };
+    auto full_parity = [&](int it) { return uint32_t((it / S) & 1); };
+
+    mbar_wait(q_full, 0);
+    mbar_wait(k_full, 0);
+    wgmma_fence();
+    issue_qk<T, D>(acc_s, q_base, sK);
+    wgmma_wait<0>();
+    mbar_arrive_if(k_empty, release);
+    softmax(0);
+    st.rescale_o_and_pack_p(acc_s, p);
+    for (int it = 1; it < n_tiles; ++it) {  // peeled: the same wgmma groups in flight on every path
+        const int s = slot(it), sp = slot(it - 1);
+        mbar_wait(k_full + 8 * s, full_parity(it));
+        mbar_wait(v_full + 8 * sp, full_parity(it - 1));
+        wgmma_fence();
+        issue_qk<T, D>(acc_s, q_base, sK + s * kTile);
+        issue_pv<T, D>(st.acc_o, p, sV + sp * kTile);
+        wgmma_wait<1>();  // S_it has landed: K slot s is free; PV_{it-1} still runs during the softmax
+        mbar_arrive_if(k_empty + 8 * s, release);
+        softmax(it);
+        wgmma_wait<0>();
+        mbar_arrive_if(v_empty + 8 * sp, release);
+        st.rescale_o_and_pack_p(acc_s, p);
+    }
+    const int sl = slot(n_tiles - 1);
+    mbar_wait(v_full + 8 * sl, full_parity(n_tiles - 1));
+    wgmma_fence();
+    issue_pv<T, D>(st.acc_o, p, sV + sl * kTile);
+    wgmma_wait<0>();
+    st.store(fb.o, params.o_row_stride, fb.lse, params.scale_softmax, row0, fb.rows_left, g, t);
+#else
+    __trap();
+#endif
+}
+
+}  // namespace sm90
+}  // namespace flash
+
+// Launches the warp-specialised forward; false (nothing launched) when a tensor breaks a TMA rule
+// (tma.h make_tile_map) -- the caller then runs the cp.async kernel.
+template <typename T, int D, bool Is_causal>
+bool run_flash_fwd_sm90_ws(Flash_fwd_params &params, cudaStream_t stream) {
+    using namespace flash::sm90;
+    const bool varlen = params.cu_seqlens_q != nullptr, bf16 = std::is_same_v<T, __nv_bfloat16>;
+    const int64_t batch = varlen ? 1 : params.b;
+    const int64_t q_rows = varlen ? params.total_q : params.seqlen_q, k_rows = varlen ? params.total_k : params.seqlen_k;
+    FwdTmaMaps maps;
+    if (!make_tile_map(&maps.q, params.q_ptr, bf16, D, q_rows, params.h, batch, params.q_row_stride,
+                       params.q_head_stride, params.q_batch_stride, kWsBM) ||
+        !make_tile_map(&maps.k, params.k_ptr, bf16, D, k_rows, params.h_k, batch, params.k_row_stride,
+                       params.k_head_stride, params.k_batch_stride, kWsBN) ||
+        !make_tile_map(&maps.v, params.v_ptr, bf16, D, k_rows, params.h_k, batch, params.v_row_stride,
+                       params.v_head_stride, params.v_batch_stride, kWsBN))
+        return false;
+    dim3 grid(params.b * params.h, flash::cdiv(params.seqlen_q, kWsBM));
+    const bool is_even = !varlen && params.seqlen_q % kWsBM == 0 && params.seqlen_k % kWsBN == 0;
+    BOOL_SWITCH(is_even, Is_even, [&] {
+        auto kernel = &flash_fwd_sm90_ws_kernel<T, D, Is_causal, Is_even>;
+        FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes<D>));
+        kernel<<<grid, kWsThreads, kWsSmemBytes<D>, stream>>>(params, maps);
+        FLASH_KERNEL_LAUNCH_CHECK();
+    });
+    return true;
+}

@@ -1,0 +1,137 @@
+// What a warpgroup of the Hopper forward kernels (flash_fwd_sm90.h, flash_fwd_sm90_ws.h) does per
+// key tile: the two products on wgmma, and per warp the masking of one 64 x 128 S tile, the online softmax, O's rescale, P's conversion to wgmma A
+// fragments, and the epilogue. Register layout: the m64nNk16 accumulator of wgmma.h -- this thread
+// holds rows g and g + 8 of its warp's 16 rows (hr = 0, 1), columns 8j + 2t + {0, 1}.
+// Conventions are those of the FA2 forward: exp2 with log2(e) folded into the scale, un-normalised
+// O divided once at the end, LSE = max * scale + log(sum) in natural log, +inf for a row with no key.
+#pragma once
+#include <cmath>
+#include "../flash.h"
+#include "../utils.h"
+#include "wgmma.h"
+
+namespace flash {
+namespace sm90 {
+
+// S (64 x 128) = Q K^T: SS wgmma, both K-major; q_base: this warpgroup's 64 rows of the swizzled Q
+// tile (R = 128 rows per atom column), k_base: the swizzled 128 x D K tile. Commits one group.
+template <typename T, int D>
+__device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_base, uint32_t k_base) {
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+        const uint32_t off = (ks / 4) * 128 * 128 + (ks % 4) * 32;  // atom column, 32 B per k16
+        wgmma_m64n128k16_ss<T, 0>(s, smem_desc(q_base + off, 16, 1024), smem_desc(k_base + off, 16, 1024), ks > 0);
+    }
+    wgmma_commit();
+}
+
+// O (64 x D) += P V: P from registers (8 k-steps of 16 keys), V (128 keys x D) MN-major (tnspB = 1).
+// Commits one group.
+template <typename T, int D>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[8][4], uint32_t v_base) {
+#pragma unroll
+    for (int kc = 0; kc < 8; ++kc) wgmma_rs_n<T, D, 1>(o, p[kc], smem_desc(v_base + kc * 16 * 128, 128 * 128, 1024), true);
+    wgmma_commit();
+}
+
+template <typename T, int D>
+struct FwdRowState {
+    static constexpr int BN = 128;  // keys per S tile
+    float acc_o[D / 2];             // O (64 x D per warpgroup), un-normalised
+    float row_max[2], row_sum[2];   // rows g, g + 8 (raw scores; row_sum per thread, quad-reduced at the end)
+    float corr[2];                  // exp2 of (old max - new max) * scale_log2, applied to O by rescale
+
+    __device__ __forceinline__ void init() {
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) acc_o[i] = 0.f;
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            row_max[hr] = -INFINITY;
+            row_sum[hr] = 0.f;
+            corr[hr] = 1.f;
+        }
+    }
+
+    // Mask S (keys >= sk; causal: key > query row + causal_off), update the row statistics and turn
+    // S into un-normalised P in place. qrow0: the first query row (in the sequence) of this warp.
+    template <bool Is_causal, bool Is_even>
+    __device__ __forceinline__ void softmax(float (&s)[64], int n_block, int qrow0, int sk, int causal_off,
+                                            float scale_log2, int g, int t) {
+        const bool need_mask = (!Is_even && (n_block + 1) * BN > sk) ||
+                               (Is_causal && (n_block + 1) * BN - 1 > qrow0 + causal_off);
+        if (need_mask) {
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = n_block * BN + j * 8 + 2 * t + (e & 1);
+                    const int qrow = qrow0 + g + (e >= 2 ? 8 : 0);
+                    if (key >= sk || (Is_causal && key > qrow + causal_off)) s[4 * j + e] = -INFINITY;
+                }
+        }
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            float mx = row_max[hr];
+#pragma unroll
+            for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
+            mx = quad_max(mx);
+            const float mx_scaled = (mx == -INFINITY) ? 0.f : mx * scale_log2;
+            corr[hr] = exp2f(row_max[hr] * scale_log2 - mx_scaled);
+            row_max[hr] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+#pragma unroll
+                for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
+                    const float pe = exp2f(s[4 * j + e] * scale_log2 - mx_scaled);
+                    s[4 * j + e] = pe;
+                    sum += pe;
+                }
+            row_sum[hr] = row_sum[hr] * corr[hr] + sum;
+        }
+    }
+
+    // Once the previous PV product has landed: O *= corr; P (in s) -> the A fragments of the next
+    // PV product (8 k-steps of 16 keys).
+    __device__ __forceinline__ void rescale_o_and_pack_p(const float (&s)[64], uint32_t (&p)[8][4]) {
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            acc_o[4 * j + 0] *= corr[0];
+            acc_o[4 * j + 1] *= corr[0];
+            acc_o[4 * j + 2] *= corr[1];
+            acc_o[4 * j + 3] *= corr[1];
+        }
+#pragma unroll
+        for (int kc = 0; kc < 8; ++kc) {
+            p[kc][0] = pack2<T>(s[8 * kc + 0], s[8 * kc + 1]);
+            p[kc][1] = pack2<T>(s[8 * kc + 2], s[8 * kc + 3]);
+            p[kc][2] = pack2<T>(s[8 * kc + 4], s[8 * kc + 5]);
+            p[kc][3] = pack2<T>(s[8 * kc + 6], s[8 * kc + 7]);
+        }
+    }
+
+    // O /= l and LSE, direct 4-byte stores. o_ptr / lse_ptr at the block's first row; row0: this
+    // warp's first row in the block; rows >= rows_left are not written.
+    __device__ __forceinline__ void store(T *o_ptr, int64_t o_row_stride, float *lse_ptr, float scale, int row0,
+                                          int rows_left, int g, int t) const {
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const float l = quad_sum(row_sum[hr]);
+            const bool empty = (l == 0.f) || (l != l);
+            const float inv = empty ? 0.f : 1.f / l;
+            const int r = row0 + g + hr * 8;
+            if (r < rows_left) {
+                if (t == 0) lse_ptr[r] = empty ? INFINITY : row_max[hr] * scale + logf(l);
+                T *orow = o_ptr + int64_t(r) * o_row_stride;
+#pragma unroll
+                for (int j = 0; j < D / 8; ++j) {
+                    *reinterpret_cast<uint32_t *>(orow + j * 8 + 2 * t) =
+                        pack2<T>(acc_o[4 * j + 2 * hr] * inv, acc_o[4 * j + 2 * hr + 1] * inv);
+                }
+            }
+        }
+    }
+};
+
+}  // namespace sm90
+}  // namespace flash
