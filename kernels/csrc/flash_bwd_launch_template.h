@@ -8,6 +8,7 @@
 #include "flash_bwd_kernel_2d.h"
 #include "hopper/dispatch.h"
 #include "hopper/flash_bwd_sm90.h"
+#include "hopper/flash_bwd_sm90_ws.h"
 #include "kernel_traits.h"
 #include "launch.h"
 #include "static_switch.h"
@@ -73,7 +74,8 @@ void run_mha_bwd_hdim96(Flash_bwd_params &params, cudaStream_t stream) {
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim128(Flash_bwd_params &params, cudaStream_t stream) {
     if (flash::sm90::use(flash::sm90::kBwd, 128, Is_causal, params.seqlen_k)) {  // hopper/dispatch.h
-        run_flash_bwd_sm90<T, 128, Is_causal>(params, stream);
+        if (!(flash::sm90::ws_kernels() && run_flash_bwd_sm90_ws<T, Is_causal>(params, stream)))
+            run_flash_bwd_sm90<T, 128, Is_causal>(params, stream);
         return;
     }
 #ifdef FLASH_BWD2D_HD128

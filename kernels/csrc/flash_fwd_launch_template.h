@@ -32,7 +32,7 @@ using FwdTraits = Flash_fwd_kernel_traits<D, BM, BN, W, T, MINB>;
 template <typename T, bool Is_causal>
 void run_mha_fwd_hdim64(Flash_fwd_params &params, cudaStream_t stream) {
     if (flash::sm90::use(flash::sm90::kFwd, 64, Is_causal, params.seqlen_k)) {  // hopper/dispatch.h
-        if (!(flash::sm90::ws_forward() && run_flash_fwd_sm90_ws<T, 64, Is_causal>(params, stream)))
+        if (!(flash::sm90::ws_kernels() && run_flash_fwd_sm90_ws<T, 64, Is_causal>(params, stream)))
             run_flash_fwd_sm90<T, 64, Is_causal>(params, stream);
         return;
     }
@@ -45,7 +45,7 @@ void run_mha_fwd_hdim96(Flash_fwd_params &params, cudaStream_t stream) {
 template <typename T, bool Is_causal>
 void run_mha_fwd_hdim128(Flash_fwd_params &params, cudaStream_t stream) {
     if (flash::sm90::use(flash::sm90::kFwd, 128, Is_causal, params.seqlen_k)) {  // hopper/dispatch.h
-        if (!(flash::sm90::ws_forward() && run_flash_fwd_sm90_ws<T, 128, Is_causal>(params, stream)))
+        if (!(flash::sm90::ws_kernels() && run_flash_fwd_sm90_ws<T, 128, Is_causal>(params, stream)))
             run_flash_fwd_sm90<T, 128, Is_causal>(params, stream);
         return;
     }

@@ -283,27 +283,39 @@ def _launched_kernels(fn) -> list[str]:
 
 
 @hopper_only
-@pytest.mark.parametrize("d,causal,varlen", [(128, True, True), (64, False, False)])
-def test_forward_runs_the_warp_specialised_kernel(d, causal, varlen, kernel_path, monkeypatch):
-    """The default Hopper forward is the TMA kernel (not a silent fallback), and it gives the cp.async
-    kernel's output bit for bit: same wgmma order, only the loads and the synchronisation differ."""
+@pytest.mark.parametrize("d,causal,varlen", [(128, True, True), (128, False, False), (64, False, False)])
+def test_default_runs_the_warp_specialised_kernels(d, causal, varlen, kernel_path, monkeypatch):
+    """The default Hopper forward (and, for head dim 128, backward) are the TMA kernels, not a silent
+    fallback, and they give the cp.async kernels' results bit for bit: the same wgmma order, only the
+    loads and the synchronisation differ (the backward in deterministic mode, where both add dQ in
+    key-block order)."""
     if kernel_path != "default":
         pytest.skip("one check per shape")
     torch.manual_seed(next(_seed))
-    sq, sk, h = 2100, 2100, 3  # not multiples of the 128-row tiles
+    sq, h = 2100, 3  # not multiples of the tiles
     shape = (sq, h, d) if varlen else (2, sq, h, d)
-    q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    if varlen:
-        cu = torch.tensor([0, 700, 2100], device="cuda", dtype=torch.int32)
-        run = lambda: flash_attn_varlen_func(q, k, v, cu, cu, 1400, 1400, causal=causal)  # noqa: E731
-    else:
-        run = lambda: flash_attn_func(q, k, v, causal=causal)  # noqa: E731
-    names = _launched_kernels(run)
+    q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn_like(q)
+    cu = torch.tensor([0, 700, 2100], device="cuda", dtype=torch.int32)
+
+    def fwd():
+        if varlen:
+            return flash_attn_varlen_func(q, k, v, cu, cu, 1400, 1400, causal=causal, deterministic=True)
+        return flash_attn_func(q, k, v, causal=causal, deterministic=True)
+
+    def fwd_bwd():
+        out = fwd()
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    names = _launched_kernels(fwd_bwd)
     assert any("flash_fwd_sm90_ws_kernel" in n for n in names), names
-    ws = run()
+    if d == 128:
+        assert any("flash_bwd_sm90_ws_kernel" in n for n in names), names
+    ws = fwd_bwd()
     monkeypatch.setenv("FLASHGPT_SM90_WS", "0")
-    assert not any("ws_kernel" in n for n in _launched_kernels(run))
-    assert torch.equal(ws, run())
+    assert not any("ws_kernel" in n for n in _launched_kernels(fwd_bwd))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), ws, fwd_bwd()):
+        assert torch.equal(a, b), name
 
 
 def _reset_dispatch(ext):

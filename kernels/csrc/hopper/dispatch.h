@@ -29,9 +29,10 @@ inline bool enabled() {
 #endif
 }
 
-// The warp-specialised TMA forward (flash_fwd_sm90_ws.h) rather than the cp.async one
-// (flash_fwd_sm90.h), unless FLASHGPT_SM90_WS=0 (read on every call: tests and kernels/bench.py run both).
-inline bool ws_forward() {
+// The warp-specialised TMA kernels (flash_fwd_sm90_ws.h, flash_bwd_sm90_ws.h) rather than the
+// cp.async ones (flash_fwd_sm90.h, flash_bwd_sm90.h), unless FLASHGPT_SM90_WS=0 (read on every call:
+// the tests and kernels/bench.py --compare-cpasync run both).
+inline bool ws_kernels() {
     const char *env = std::getenv("FLASHGPT_SM90_WS");
     return !(env != nullptr && std::strcmp(env, "0") == 0);
 }

@@ -8,7 +8,8 @@
 // Rows past the tensor's end are zero-filled by the hardware. It returns false (the caller then runs
 // the cp.async kernel) when the tensor breaks a TMA rule: base address or a stride not a multiple of
 // 16 bytes.
-// Device: mbarrier init / arrive / expect-tx / parity wait, the 4-d TMA load, register reallocation.
+// Device: mbarrier init / arrive / expect-tx / parity wait, the 4-d TMA load, the bulk fp32 reduce-add
+// (dQ of the backward), named barriers, register reallocation.
 #pragma once
 #include <cstdint>
 #include <cuda.h>
@@ -115,6 +116,43 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
 #ifdef FLASHGPT_WGMMA_ENABLED
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 #endif
+}
+
+// dst[0 .. bytes) += src[0 .. bytes) elementwise in fp32, global <- shared, by the bulk-copy unit
+// (addresses 16-byte aligned, bytes a multiple of 16); one bulk group per commit.
+__device__ __forceinline__ void bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes) {
+#ifdef FLASHGPT_WGMMA_ENABLED
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+                 "r"(bytes)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#ifdef FLASHGPT_WGMMA_ENABLED
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+// This thread's bulk groups have finished reading shared memory (it may be overwritten).
+__device__ __forceinline__ void bulk_wait_read() {
+#ifdef FLASHGPT_WGMMA_ENABLED
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
+}
+// This thread's bulk groups have completed (their global writes are performed).
+__device__ __forceinline__ void bulk_wait_all() {
+#ifdef FLASHGPT_WGMMA_ENABLED
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+// Order this thread's async-proxy (bulk, TMA) accesses against its generic ones, all state spaces.
+__device__ __forceinline__ void fence_async_all() {
+#ifdef FLASHGPT_WGMMA_ENABLED
+    asm volatile("fence.proxy.async;\n" ::: "memory");
+#endif
+}
+// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads (a multiple of 32).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // Register reallocation between the warpgroups of a block (all warps of a warpgroup execute it).

@@ -1,0 +1,151 @@
+// What a warpgroup of the Hopper backward kernels (flash_bwd_sm90.h, flash_bwd_sm90_ws.h) does per
+// query block: 64 keys (its half of the 128-key block) x 64 queries, head dim 128.
+//   S^T  (64 keys x 64 q)  = K_wg Q^T        SS m64n64, both K-major (d contiguous), 8 k16 over d
+//   dP^T (64 keys x 64 q)  = V_wg dO^T       SS m64n64, likewise (its own wgmma group)
+//   P^T = exp(S^T * scale - LSE[q])          in registers while dP^T is still running
+//   dV_wg (64 x 128 d)    += P^T dO          RS m64n128: P^T as A fragments, dO MN-major (tnspB 1)
+//   dS^T = P^T o (dP^T - D[q])               while dV runs (P^T read back from its 16-bit fragments)
+//   dK_wg (64 x 128 d)    += dS^T Q          RS m64n128: dS^T as A fragments, Q MN-major
+//   dS^T -> shared memory, and once both warpgroups' halves are in:
+//   dQ (64 q x 64 d cols of wg) = dS K       SS m64n64, A = dS read MN-major from dS^T (tnspA 1),
+//                                            B = K columns 64wg.. MN-major (tnspB 1); 8 k16 over keys.
+// Register layouts: the wgmma accumulator of wgmma.h; in S^T / dP^T element 4j + i of this thread
+// is key (its warp's first key) + g + 8(i/2), query 8j + 2t + (i%2).
+#pragma once
+#include "../flash.h"
+#include "../utils.h"
+#include "wgmma.h"
+
+namespace flash {
+namespace sm90 {
+
+// A fragments (mma.m16n8k16 A layout, k = the accumulator's columns) of a 64 x 64 accumulator,
+// 16 columns per step: four k16 steps.
+template <typename T>
+__device__ __forceinline__ void to_a_fragments(const float (&acc)[32], uint32_t (&a)[4][4]) {
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) {
+        a[kc][0] = pack2<T>(acc[8 * kc + 0], acc[8 * kc + 1]);  // (row g,   cols 16kc + 2t..)
+        a[kc][1] = pack2<T>(acc[8 * kc + 2], acc[8 * kc + 3]);  // (row g+8, cols 16kc + 2t..)
+        a[kc][2] = pack2<T>(acc[8 * kc + 4], acc[8 * kc + 5]);  // (row g,   cols 16kc + 8 + 2t..)
+        a[kc][3] = pack2<T>(acc[8 * kc + 6], acc[8 * kc + 7]);  // (row g+8, cols 16kc + 8 + 2t..)
+    }
+}
+
+// S^T = K_wg Q^T, then dP^T = V_wg dO^T: two committed groups. k_rows / v_rows: this warpgroup's
+// 64 rows of the swizzled 128-row K / V tiles; q_base / do_base: the swizzled 64-row Q / dO tiles.
+template <typename T, int D>
+__device__ __forceinline__ void issue_st_dpt(float (&s)[32], float (&dp)[32], uint32_t k_rows, uint32_t v_rows,
+                                             uint32_t q_base, uint32_t do_base) {
+    constexpr int BN = 128, BM = 64;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+        const uint32_t off_kv = (ks / 4) * BN * 128 + (ks % 4) * 32;  // atom column, 32 B per k16
+        const uint32_t off_q = (ks / 4) * BM * 128 + (ks % 4) * 32;
+        wgmma_m64n64k16_ss<T, 0, 0>(s, smem_desc(k_rows + off_kv, 16, 1024), smem_desc(q_base + off_q, 16, 1024),
+                                    ks > 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+        const uint32_t off_kv = (ks / 4) * BN * 128 + (ks % 4) * 32;
+        const uint32_t off_q = (ks / 4) * BM * 128 + (ks % 4) * 32;
+        wgmma_m64n64k16_ss<T, 0, 0>(dp, smem_desc(v_rows + off_kv, 16, 1024), smem_desc(do_base + off_q, 16, 1024),
+                                    ks > 0);
+    }
+    wgmma_commit();
+}
+
+// P^T = exp2(S^T * scale_log2 - LSE * log2 e) in place; masked(key, query) -> 0 where it says so
+// (called only when need_mask). key0: this warp's first key (in the sequence), q0: the block's first
+// query. sL: the block's 64 LSE entries in shared memory.
+template <typename Masked>
+__device__ __forceinline__ void exp_pt(float (&s)[32], const float *sL, float scale_log2, bool need_mask, int key0,
+                                       int q0, int g, int t, Masked masked) {
+    constexpr float kLog2e = 1.4426950408889634f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const float2 lse = *reinterpret_cast<const float2 *>(sL + 8 * j + 2 * t);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float l = (i % 2) ? lse.y : lse.x;
+            float p = exp2f(s[4 * j + i] * scale_log2 - l * kLog2e);
+            if (need_mask && masked(key0 + g + 8 * (i / 2), q0 + 8 * j + 2 * t + (i % 2))) p = 0.f;
+            s[4 * j + i] = p;
+        }
+    }
+}
+
+// acc (64 x D) += A (fragments, k = the 64 queries) * B (64 queries x D tile, MN-major): dV += P^T dO
+// and dK += dS^T Q. Commits one group.
+template <typename T, int D>
+__device__ __forceinline__ void issue_rs_over_queries(float (&acc)[D / 2], const uint32_t (&a)[4][4], uint32_t b_base) {
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) wgmma_rs_n<T, D, 1>(acc, a[kc], smem_desc(b_base + kc * 16 * 128, 64 * 128, 1024), true);
+    wgmma_commit();
+}
+
+// dS^T = P^T o (dP^T - D) straight into A fragments; P^T read back from its 16-bit fragments (the
+// fp32 copy is dead by then: 32 registers fewer at the peak). sDs: the block's 64 D entries.
+template <typename T>
+__device__ __forceinline__ void make_dst(const uint32_t (&a_p)[4][4], const float (&s)[32], const float (&dp)[32],
+                                         const float *sDs, int t, uint32_t (&a_ds)[4][4]) {
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {  // fragment e: n8 tile j = 2kc + e/2, rows +8*(e%2)
+            const int j = 2 * kc + e / 2, i0 = 4 * j + 2 * (e % 2);
+            const float2 dsum = *reinterpret_cast<const float2 *>(sDs + 8 * j + 2 * t);
+#ifdef FLASHGPT_BWD_FP32_P  // fallback: P^T from its fp32 registers (spills ~16-24 B at 255 registers)
+            const float2 pp = make_float2(s[i0], s[i0 + 1]);
+#else
+            const float2 pp = unpack2<T>(a_p[kc][e]);
+#endif
+            a_ds[kc][e] = pack2<T>(pp.x * (dp[i0] - dsum.x), pp.y * (dp[i0 + 1] - dsum.y));
+        }
+}
+
+// This warp's 16 key rows of dS^T (fragments) into the swizzled 128-key x 64-query tile sdS.
+__device__ __forceinline__ void store_dst(uint8_t *sdS, const uint32_t (&a_ds)[4][4], int key_row0, int g, int t) {
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = key_row0 + g + 8 * (e % 2), c = 16 * kc + 8 * (e / 2) + 2 * t;
+            *reinterpret_cast<uint32_t *>(sdS + swizzled_offset<128>(r, c)) = a_ds[kc][e];
+        }
+}
+
+// dQ (64 queries x head-dim columns of k_cols' atom column) = dS K over the 128 keys. Commits.
+template <typename T>
+__device__ __forceinline__ void issue_dq(float (&dq)[32], uint32_t ds_base, uint32_t k_cols) {
+#pragma unroll
+    for (int kc = 0; kc < 8; ++kc)
+        wgmma_m64n64k16_ss<T, 1, 1>(dq, smem_desc(ds_base + kc * 16 * 128, 128 * 128, 1024),
+                                    smem_desc(k_cols + kc * 16 * 128, 128 * 128, 1024), kc > 0);
+    wgmma_commit();
+}
+
+// Epilogue: this warp's rows of dK (times the softmax scale) and dV, direct 4-byte stores; rows >=
+// keys_left are not written. dk / dv at the block's first key.
+template <typename T, int D>
+__device__ __forceinline__ void store_dk_dv(const Flash_bwd_params &p, T *dk, T *dv, const float (&acc_dk)[D / 2],
+                                            const float (&acc_dv)[D / 2], int key_row0, int keys_left, int g, int t) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const int r = key_row0 + g + 8 * hr;
+        if (r < keys_left) {
+            T *dk_row = dk + int64_t(r) * p.dk_row_stride + 2 * t;
+            T *dv_row = dv + int64_t(r) * p.dv_row_stride + 2 * t;
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {
+                *reinterpret_cast<uint32_t *>(dk_row + 8 * j) =
+                    pack2<T>(acc_dk[4 * j + 2 * hr] * p.scale_softmax, acc_dk[4 * j + 2 * hr + 1] * p.scale_softmax);
+                *reinterpret_cast<uint32_t *>(dv_row + 8 * j) = pack2<T>(acc_dv[4 * j + 2 * hr], acc_dv[4 * j + 2 * hr + 1]);
+            }
+        }
+    }
+}
+
+}  // namespace sm90
+}  // namespace flash

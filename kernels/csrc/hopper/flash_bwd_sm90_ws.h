@@ -1,0 +1,253 @@
+// Hopper backward, warp-specialised (issue 8, v2): the wgmma backward of flash_bwd_sm90.h with its
+// memory traffic moved off the consumer warpgroups -- TMA loads of K, V, Q, dO, and dQ added to the
+// fp32 accumulator by bulk reduce-adds from shared memory instead of per-thread atomics.
+//
+// Block: one key block of 128 keys of one (batch, head); 3 warpgroups (384 threads).
+//   Warpgroup 0, the producer (setmaxnreg 24): warp 0 lane 0 issues the TMA loads (K and V once;
+//   Q and dO of each query block into a 2-slot ring); warp 1 copies each block's 64 LSE and D
+//   entries into the ring (zero past the sequence); warp 2 adds each block's dQ from shared memory
+//   to dq_accum with cp.reduce.async.bulk, one 512-byte row per instruction (in key-block order
+//   if deterministic).
+//   Warpgroups 1 and 2, the consumers (setmaxnreg 240), own keys 0..63 and 64..127 and run the
+//   per-query-block steps of bwd_consumer.h; they meet once per block at a named barrier (both
+//   halves of dS^T are needed by dQ), never at a block-wide one.
+// Synchronisation (mbarriers, tma.h; parities as in flash_fwd_sm90_ws.h):
+//   kv_full: K and V landed (1 arrival + bytes).  q_full[s]: Q, dO (1 arrival + bytes) and LSE, D
+//   (32 arrivals, warp 1) of slot s.  q_empty[s]: 256 consumer arrivals once slot s is read.
+//   dq_full: 256 consumer arrivals once the block's dQ is in shared memory; dq_empty: 1 arrival
+//   from warp 2 once the bulk unit has read it.  dS^T is double-buffered: the named barrier of
+//   block it is passed only after both warpgroups finished dQ of block it-1, so writing buffer
+//   (it+1) % 2 = (it-1) % 2 after it is safe.
+// Ragged edges: TMA zero-fills rows past a tensor's end but, packed (varlen), reads the next
+// sequence's rows; P^T is therefore masked to 0 for keys >= sk and queries >= sq, which zeroes their
+// dS^T too (dQ/dK/dV rows past the sequence are never written).
+// Shared memory (bytes): K, V 32 K each; Q, dO 2 x 16 K each; dS^T 2 x 16 K; dQ 64 rows x 528
+// (fp32, rows padded by 16 bytes against bank conflicts); LSE, D 2 x 256 each; barriers: 194 KB.
+#pragma once
+#include <type_traits>
+#include "../flash.h"
+#include "../flash_bwd_common.h"  // BwdBlockPtrs, BwdRange
+#include "../static_switch.h"
+#include "../utils.h"
+#include "bwd_consumer.h"
+#include "tma.h"
+#include "wgmma.h"
+
+namespace flash {
+namespace sm90 {
+
+struct BwdTmaMaps {
+    CUtensorMap q, k, v, dO;  // make_tile_map(): boxes of 64 columns x 64 (q, dO) / 128 (k, v) rows
+};
+
+constexpr int kBwsThreads = 384, kBwsBM = 64, kBwsBN = 128, kBwsD = 128;
+constexpr int kBwsKV = kBwsBN * kBwsD * 2, kBwsQ = kBwsBM * kBwsD * 2, kBwsDS = kBwsBN * kBwsBM * 2;
+constexpr int kBwsDQRow = kBwsD * 4 + 16;  // padded fp32 dQ row
+constexpr int kBwsOffV = kBwsKV, kBwsOffQ = 2 * kBwsKV, kBwsOffDO = kBwsOffQ + 2 * kBwsQ,
+              kBwsOffDS = kBwsOffDO + 2 * kBwsQ, kBwsOffDQ = kBwsOffDS + 2 * kBwsDS,
+              kBwsOffStats = kBwsOffDQ + kBwsBM * kBwsDQRow,  // LSE[2][64], D[2][64]
+    kBwsOffBar = kBwsOffStats + 4 * kBwsBM * 4, kBwsSmemBytes = kBwsOffBar + 7 * 8;
+
+template <typename T, bool Is_causal, bool Is_even>
+__global__ void __launch_bounds__(kBwsThreads, 1)
+    flash_bwd_sm90_ws_kernel(const __grid_constant__ Flash_bwd_params params, const __grid_constant__ BwdTmaMaps maps) {
+#ifdef FLASHGPT_WGMMA_ENABLED
+    constexpr int BM = kBwsBM, BN = kBwsBN, D = kBwsD;
+    extern __shared__ __align__(1024) uint8_t smem[];
+    const uint32_t s0 = smem_u32(smem);
+    const uint32_t sK = s0, sV = s0 + kBwsOffV, sQ = s0 + kBwsOffQ, sdO = s0 + kBwsOffDO, sdQ = s0 + kBwsOffDQ;
+    float *sLSE = reinterpret_cast<float *>(smem + kBwsOffStats), *sDsum = sLSE + 2 * BM;
+    const uint32_t kv_full = s0 + kBwsOffBar, q_full = kv_full + 8, q_empty = q_full + 16, dq_full = q_empty + 16,
+                   dq_empty = dq_full + 8;
+
+    const int n_block = blockIdx.y;
+    const int b = blockIdx.x / params.h, h = blockIdx.x % params.h;
+    const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+
+    const SeqInfo seq(params, b);
+    if (n_block * BN >= seq.sk) return;
+    const BwdRange range = BwdRange::make<Is_causal>(seq, n_block, BM, BN);
+    const BwdBlockPtrs<T> gp(params, seq, b, h, n_block, BN, D);
+
+    if (tid == 0) {
+        mbar_init(kv_full, 1);
+        for (int s = 0; s < 2; ++s) {
+            mbar_init(q_full + 8 * s, 1 + 32);
+            mbar_init(q_empty + 8 * s, 256);
+        }
+        mbar_init(dq_full, 256);
+        mbar_init(dq_empty, 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // ---- producer warpgroup ------------------------------------------------------
+        regs_release<24>();
+        if (warp == 0 && lane == 0) {  // TMA loads
+            tma_prefetch_map(&maps.k);
+            tma_prefetch_map(&maps.v);
+            tma_prefetch_map(&maps.q);
+            tma_prefetch_map(&maps.dO);
+            const bool varlen = params.cu_seqlens_q != nullptr;
+            const int batch = varlen ? 0 : b, h_k = h / params.h_h_k_ratio;
+            const int k_row = (varlen ? seq.k_start : 0) + n_block * BN, q_row0 = varlen ? seq.q_start : 0;
+            mbar_arrive_expect_tx(kv_full, 2 * kBwsKV);
+            for (int c = 0; c < 2; ++c) {
+                tma_load_4d(sK + c * BN * 128, &maps.k, kv_full, c * 64, k_row, h_k, batch);
+                tma_load_4d(sV + c * BN * 128, &maps.v, kv_full, c * 64, k_row, h_k, batch);
+            }
+            for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
+                const int s = it & 1;
+                mbar_wait(q_empty + 8 * s, ((it >> 1) & 1) ^ 1);
+                mbar_arrive_expect_tx(q_full + 8 * s, 2 * kBwsQ);
+                for (int c = 0; c < 2; ++c) {
+                    tma_load_4d(sQ + s * kBwsQ + c * BM * 128, &maps.q, q_full + 8 * s, c * 64, q_row0 + m * BM, h, batch);
+                    tma_load_4d(sdO + s * kBwsQ + c * BM * 128, &maps.dO, q_full + 8 * s, c * 64, q_row0 + m * BM, h,
+                                batch);
+                }
+            }
+        } else if (warp == 1) {  // LSE and D of each query block (zero past the sequence)
+            for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
+                const int s = it & 1;
+                mbar_wait(q_empty + 8 * s, ((it >> 1) & 1) ^ 1);
+#pragma unroll
+                for (int i = lane; i < BM; i += 32) {
+                    const bool ok = m * BM + i < seq.sq;
+                    sLSE[s * BM + i] = ok ? gp.lse[m * BM + i] : 0.f;
+                    sDsum[s * BM + i] = ok ? gp.dsum[m * BM + i] : 0.f;
+                }
+                mbar_arrive_if(q_full + 8 * s, true);
+            }
+        } else if (warp == 2) {  // dQ: shared memory -> dq_accum, bulk fp32 reduce-add per row
+            for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
+                mbar_wait(dq_full, it & 1);
+                int *sem = nullptr;
+                if (params.deterministic) {  // add in key-block order: after blocks 0..n_block-1
+                    sem = params.dq_semaphore + (int64_t(b) * params.h + h) * cdiv(params.seqlen_q, BM) + m;
+                    if (lane == 0) {
+                        while (*reinterpret_cast<volatile int *>(sem) != n_block) { }
+                        __threadfence();
+                        fence_async_all();
+                    }
+                    __syncwarp();
+                }
+#pragma unroll
+                for (int r = lane; r < BM; r += 32) {
+                    const int q = m * BM + r;
+                    if (q < seq.sq) bulk_reduce_add_f32(gp.dq + int64_t(q) * gp.dq_row_stride, sdQ + r * kBwsDQRow, D * 4);
+                }
+                bulk_commit();
+                if (params.deterministic) {
+                    bulk_wait_all();
+                    fence_async_all();
+                    __threadfence();
+                    __syncwarp();
+                    if (lane == 0) atomicAdd(sem, 1);
+                } else {
+                    bulk_wait_read();
+                    __syncwarp();
+                }
+                mbar_arrive_if(dq_empty, lane == 0);
+            }
+            bulk_wait_all();
+        }
+        return;
+    }
+
+    // ---- consumers ---------------------------------------------------------------------------------
+    regs_claim<240>();
+    const int cw = wg - 1;
+    const int g = lane / 4, t = lane % 4;
+    const int key_row0 = cw * 64 + warp * 16;  // first key (in the block) of this warp's rows
+    const uint32_t k_rows = sK + cw * 64 * 128, v_rows = sV + cw * 64 * 128;  // this warpgroup's keys
+    const uint32_t k_cols = sK + cw * BN * 128;  // atom column cw: head-dim columns 64cw.. (dQ's B)
+    const float scale_log2 = params.scale_softmax_log2;
+    float acc_dk[D / 2], acc_dv[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+
+    mbar_wait(kv_full, 0);
+    for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
+        const int s = it & 1;
+        mbar_wait(q_full + 8 * s, (it >> 1) & 1);
+        const uint32_t q_base = sQ + s * kBwsQ, do_base = sdO + s * kBwsQ;
+        const float *sL = sLSE + s * BM, *sDs = sDsum + s * BM;
+        uint8_t *sdS = smem + kBwsOffDS + s * kBwsDS;
+
+        float acc_s[32], acc_dp[32];
+        wgmma_fence();
+        issue_st_dpt<T, D>(acc_s, acc_dp, k_rows, v_rows, q_base, do_base);
+        wgmma_wait<1>();  // S^T has landed
+        const bool need_mask = (Is_causal && n_block * BN + BN - 1 > m * BM + range.causal_off) ||
+                               (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk));
+        exp_pt(acc_s, sL, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t, [&](int key, int q) {
+            return key >= seq.sk || q >= seq.sq || (Is_causal && key > q + range.causal_off);
+        });
+        uint32_t a_p[4][4], a_ds[4][4];
+        to_a_fragments<T>(acc_s, a_p);
+        wgmma_fence();
+        issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
+        wgmma_wait<1>();  // dP^T has landed (dV may still run)
+        make_dst<T>(a_p, acc_s, acc_dp, sDs, t, a_ds);
+        wgmma_fence();
+        issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
+        store_dst(sdS, a_ds, key_row0, g, t);
+        fence_async_smem();          // dS^T stores -> visible to wgmma
+        named_barrier_sync(1, 256);  // both consumer warpgroups' halves of dS^T are in
+
+        float acc_dq[32];
+        wgmma_fence();
+        issue_dq<T>(acc_dq, smem_u32(sdS), k_cols);
+        wgmma_wait<0>();  // dQ, dV and dK of this block: slot s is read
+        mbar_arrive_if(q_empty + 8 * s, true);
+
+        // dQ (query rows warp*16 + g (+8), head-dim columns 64cw + 8j + 2t) -> shared memory, fp32
+        mbar_wait(dq_empty, (it & 1) ^ 1);
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            uint8_t *row = smem + kBwsOffDQ + (warp * 16 + g + 8 * hr) * kBwsDQRow + (cw * 64 + 2 * t) * 4;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                *reinterpret_cast<float2 *>(row + j * 32) = make_float2(acc_dq[4 * j + 2 * hr], acc_dq[4 * j + 2 * hr + 1]);
+        }
+        fence_async_smem();  // -> visible to the bulk unit
+        mbar_arrive_if(dq_full, true);
+    }
+    store_dk_dv<T, D>(params, gp.dk, gp.dv, acc_dk, acc_dv, key_row0, range.keys_left, g, t);
+#else
+    __trap();
+#endif
+}
+
+}  // namespace sm90
+}  // namespace flash
+
+// Launches the warp-specialised backward (head dim 128); false (nothing launched) when a tensor
+// breaks a TMA rule (tma.h make_tile_map) -- the caller then runs the cp.async kernel.
+template <typename T, bool Is_causal>
+bool run_flash_bwd_sm90_ws(Flash_bwd_params &params, cudaStream_t stream) {
+    using namespace flash::sm90;
+    constexpr int D = kBwsD;
+    const bool varlen = params.cu_seqlens_q != nullptr, bf16 = std::is_same_v<T, __nv_bfloat16>;
+    const int64_t batch = varlen ? 1 : params.b;
+    const int64_t q_rows = varlen ? params.total_q : params.seqlen_q, k_rows = varlen ? params.total_k : params.seqlen_k;
+    BwdTmaMaps maps;
+    if (!make_tile_map(&maps.q, params.q_ptr, bf16, D, q_rows, params.h, batch, params.q_row_stride,
+                       params.q_head_stride, params.q_batch_stride, kBwsBM) ||
+        !make_tile_map(&maps.dO, params.do_ptr, bf16, D, q_rows, params.h, batch, params.do_row_stride,
+                       params.do_head_stride, params.do_batch_stride, kBwsBM) ||
+        !make_tile_map(&maps.k, params.k_ptr, bf16, D, k_rows, params.h_k, batch, params.k_row_stride,
+                       params.k_head_stride, params.k_batch_stride, kBwsBN) ||
+        !make_tile_map(&maps.v, params.v_ptr, bf16, D, k_rows, params.h_k, batch, params.v_row_stride,
+                       params.v_head_stride, params.v_batch_stride, kBwsBN))
+        return false;
+    dim3 grid(params.b * params.h, flash::cdiv(params.seqlen_k, kBwsBN));  // y = key block (slow axis)
+    const bool is_even = !varlen && params.seqlen_q % kBwsBM == 0 && params.seqlen_k % kBwsBN == 0;
+    BOOL_SWITCH(is_even, Is_even, [&] {
+        auto kernel = &flash_bwd_sm90_ws_kernel<T, Is_causal, Is_even>;
+        FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBwsSmemBytes));
+        kernel<<<grid, kBwsThreads, kBwsSmemBytes, stream>>>(params, maps);
+        FLASH_KERNEL_LAUNCH_CHECK();
+    });
+    return true;
+}
