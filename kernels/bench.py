@@ -8,7 +8,7 @@ Error column: max |ours - fp32 reference| of the forward output on batch 0, head
 (the full fp32 reference at 16k would need tens of GB).
 
     python -m kernels.bench [--reps 30] [--hdims 64 128] [--seqlens 512 1024 ...] [--json out.json]
-                            [--compare-fa2] [--compare-cpasync] [--only-ours]
+                            [--compare-fa2] [--compare-cpasync] [--compare-nopingpong] [--only-ours]
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ TOKENS, D_MODEL = 16384, 2048
 # Variants of our kernels timed beside the default dispatch: name -> the environment switch that
 # selects it on Hopper (read on every launch, hopper/dispatch.h).
 VARIANTS = {"fa2": "FLASHGPT_SM90",         # the FA2 (mma.sync) kernels everywhere
-            "cpasync": "FLASHGPT_SM90_WS"}  # the cp.async wgmma forward instead of the TMA one
+            "cpasync": "FLASHGPT_SM90_WS",  # the cp.async wgmma kernels instead of the TMA ones
+            "nopingpong": "FLASHGPT_SM90_PINGPONG"}  # TMA forward without the warpgroup pingpong
 
 
 @contextlib.contextmanager
@@ -137,12 +138,15 @@ def main() -> None:
     ap.add_argument("--compare-fa2", action="store_true",
                     help="also time our FA2 path where the Hopper kernels would run (FLASHGPT_SM90=0)")
     ap.add_argument("--compare-cpasync", action="store_true",
-                    help="also time the cp.async wgmma forward instead of the TMA one (FLASHGPT_SM90_WS=0)")
+                    help="also time the cp.async wgmma kernels instead of the TMA ones (FLASHGPT_SM90_WS=0)")
+    ap.add_argument("--compare-nopingpong", action="store_true",
+                    help="also time the TMA forward without pingpong (FLASHGPT_SM90_PINGPONG=0)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"cuDNN {torch.backends.cudnn.version()}")
-    variants = tuple(v for v, on in (("fa2", args.compare_fa2), ("cpasync", args.compare_cpasync)) if on)
+    variants = tuple(v for v, on in (("fa2", args.compare_fa2), ("cpasync", args.compare_cpasync),
+                                     ("nopingpong", args.compare_nopingpong)) if on)
     rows = []
     for hdim in args.hdims:
         for causal in args.causal:

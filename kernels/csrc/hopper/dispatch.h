@@ -37,6 +37,13 @@ inline bool ws_kernels() {
     return !(env != nullptr && std::strcmp(env, "0") == 0);
 }
 
+// The two consumer warpgroups of the TMA forward take turns on the tensor cores (pingpong), unless
+// FLASHGPT_SM90_PINGPONG=0 (read on every call; kernels/bench.py --compare-nopingpong).
+inline bool pingpong_forward() {
+    const char *env = std::getenv("FLASHGPT_SM90_PINGPONG");
+    return !(env != nullptr && std::strcmp(env, "0") == 0);
+}
+
 enum Pass { kFwd = 0, kBwd = 1 };
 
 inline bool default_choice(Pass pass, int head_dim, int seqlen_k) {

@@ -20,6 +20,7 @@
 #include "../flash_fwd_kernel.h"  // SeqInfo, FwdBlock
 #include "../static_switch.h"
 #include "../utils.h"
+#include "dispatch.h"
 #include "fwd_consumer.h"
 #include "tma.h"
 #include "wgmma.h"
@@ -38,7 +39,7 @@ template <int D> constexpr int kWsTileBytes = 128 * D * 2;
 template <int D> constexpr int kWsBarrierOffset = (1 + 2 * kWsStages<D>) * kWsTileBytes<D>;
 template <int D> constexpr int kWsSmemBytes = kWsBarrierOffset<D> + (1 + 4 * kWsStages<D>) * 8;
 
-template <typename T, int D, bool Is_causal, bool Is_even>
+template <typename T, int D, bool Is_causal, bool Is_even, bool Pingpong>
 __global__ void __launch_bounds__(kWsThreads, 1)
     flash_fwd_sm90_ws_kernel(const __grid_constant__ Flash_fwd_params params, const __grid_constant__ FwdTmaMaps maps) {
 #ifdef FLASHGPT_WGMMA_ENABLED
@@ -126,10 +127,24 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     auto slot = [&](int it) { return it % S; };
     auto full_parity = [&](int it) { return uint32_t((it / S) & 1); };
 
+    // Pingpong (Pingpong = true): the two consumer warpgroups take turns to issue their products --
+    // named barrier 2 + cw is "warpgroup cw's turn" -- so one's softmax runs while the other's
+    // products keep the tensor cores busy. Warpgroup 0 starts; the last turn of warpgroup 1 is
+    // consumed by warpgroup 0 after its loop, so both barriers end balanced.
+    auto take_turn = [&] {
+        if constexpr (Pingpong) named_barrier_sync(2 + cw, 256);
+    };
+    auto pass_turn = [&] {
+        if constexpr (Pingpong) named_barrier_arrive(2 + (1 - cw), 256);
+    };
+    if (Pingpong && cw == 1) named_barrier_arrive(2, 256);
+
     mbar_wait(q_full, 0);
     mbar_wait(k_full, 0);
+    take_turn();
     wgmma_fence();
     issue_qk<T, D>(acc_s, q_base, sK);
+    pass_turn();
     wgmma_wait<0>();
     mbar_arrive_if(k_empty, release);
     softmax(0);
@@ -138,9 +153,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         const int s = slot(it), sp = slot(it - 1);
         mbar_wait(k_full + 8 * s, full_parity(it));
         mbar_wait(v_full + 8 * sp, full_parity(it - 1));
+        take_turn();
         wgmma_fence();
         issue_qk<T, D>(acc_s, q_base, sK + s * kTile);
         issue_pv<T, D>(st.acc_o, p, sV + sp * kTile);
+        pass_turn();
         wgmma_wait<1>();  // S_it has landed: K slot s is free; PV_{it-1} still runs during the softmax
         mbar_arrive_if(k_empty + 8 * s, release);
         softmax(it);
@@ -150,9 +167,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     }
     const int sl = slot(n_tiles - 1);
     mbar_wait(v_full + 8 * sl, full_parity(n_tiles - 1));
+    take_turn();
     wgmma_fence();
     issue_pv<T, D>(st.acc_o, p, sV + sl * kTile);
+    pass_turn();
     wgmma_wait<0>();
+    if (Pingpong && cw == 0) named_barrier_sync(2, 256);
     st.store(fb.o, params.o_row_stride, fb.lse, params.scale_softmax, row0, fb.rows_left, g, t);
 #else
     __trap();
@@ -181,10 +201,12 @@ bool run_flash_fwd_sm90_ws(Flash_fwd_params &params, cudaStream_t stream) {
     dim3 grid(params.b * params.h, flash::cdiv(params.seqlen_q, kWsBM));
     const bool is_even = !varlen && params.seqlen_q % kWsBM == 0 && params.seqlen_k % kWsBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
-        auto kernel = &flash_fwd_sm90_ws_kernel<T, D, Is_causal, Is_even>;
-        FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes<D>));
-        kernel<<<grid, kWsThreads, kWsSmemBytes<D>, stream>>>(params, maps);
-        FLASH_KERNEL_LAUNCH_CHECK();
+        BOOL_SWITCH(pingpong_forward(), Pingpong, [&] {
+            auto kernel = &flash_fwd_sm90_ws_kernel<T, D, Is_causal, Is_even, Pingpong>;
+            FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes<D>));
+            kernel<<<grid, kWsThreads, kWsSmemBytes<D>, stream>>>(params, maps);
+            FLASH_KERNEL_LAUNCH_CHECK();
+        });
     });
     return true;
 }

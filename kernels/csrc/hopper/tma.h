@@ -155,6 +155,11 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Arrive at named barrier `id` without waiting (the other side calls named_barrier_sync).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Register reallocation between the warpgroups of a block (all warps of a warpgroup execute it).
 template <int kRegs>
 __device__ __forceinline__ void regs_release() {
