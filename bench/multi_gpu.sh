@@ -11,7 +11,7 @@
 set -uo pipefail
 NGPU=${NGPU:-2}; STEPS=${STEPS:-6}; OUT=${1:-/tmp/mg}
 CONFIG=${CONFIG:-gpt_1.3b_8k.yaml}; RCONFIG=${RCONFIG:-gpt_125m_2k.yaml}  # the CPU dry run uses tiny_cpu.yaml
-ENGINES=${ENGINES:-ddp fsdp zero1 zero2 zero3}; GPUS=${GPUS:-1 $NGPU}; RESUME=${RESUME:-1}
+ENGINES=${ENGINES-ddp fsdp zero1 zero2 zero3}; GPUS=${GPUS:-1 $NGPU}; RESUME=${RESUME:-1}  # ENGINES="": resume runs only
 RUN_TIMEOUT=${RUN_TIMEOUT:-240}
 # torch.compile off by default here: the engine rows in bench/RESULTS.md were measured eager (and a
 # compile adds a minute to every run); COMPILE=true measures the GPU configs' default instead.

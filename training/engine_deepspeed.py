@@ -47,21 +47,26 @@ def convert_to_universal(ds_dir: Path, out_dir: Path) -> None:
 
 
 def repair_universal_load(optimizer: torch.optim.Optimizer, hyper: list) -> None:
-    """Undo two side effects of deepspeed 0.19's universal-checkpoint load (seen with ZeRO-3, where
-    the resumed loss curve drifted by 5e-4 in three steps; harmless where they do not occur):
+    """Undo three side effects of deepspeed 0.19's universal-checkpoint load (harmless where they do
+    not occur):
     - it copies param group 0's hyperparameters onto every group (the no-decay group got weight
       decay): `hyper` holds each group's own, taken before the load (lr follows our schedule);
     - it gives every group's state one shared `step` tensor, which torch's Adam then increments once
-      per group per step (the second group's bias correction ran a step ahead): one tensor each."""
+      per group per step (the second group's bias correction ran a step ahead; ZeRO-3's resumed
+      curve drifted by 5e-4 in three steps): one tensor each;
+    - that tensor is on the CPU, where the fused and capturable Adam kernels refuse it ("state_steps
+      is on cpu", seen resuming ZeRO-2 and -3 from 2 GPUs onto 1): it goes where torch's own Adam
+      keeps it -- beside the parameter for fused / capturable groups, else on the CPU -- as float32."""
     for group, h in zip(optimizer.param_groups, hyper):
         group.update(h)
-    seen = set()
-    for state in optimizer.state.values():
+    # Every state, not only those of the groups' current params: ZeRO-3 swaps its sub-group partitions
+    # in and out of param_groups, so the lists hold one tensor per group while the state has them all.
+    on_param_device = any(g.get("fused") or g.get("capturable") for g in optimizer.param_groups)
+    for p, state in optimizer.state.items():
         step = state.get("step")
         if torch.is_tensor(step):
-            if id(step) in seen:
-                state["step"] = step.clone()
-            seen.add(id(state["step"]))
+            device = p.device if on_param_device else torch.device("cpu")
+            state["step"] = torch.full((), float(step), dtype=torch.float32, device=device)
 
 
 class DeepSpeedEngine(Engine):
