@@ -196,6 +196,10 @@ def validate(cfg: Config, world_size: int = 1) -> None:
                           f"model.vocab_size={m.vocab_size}; raise model.vocab_size or lower the tokenizer's")
     if not cfg.data.source:
         raise ConfigError("data.source is empty: name at least one file, folder or dataset")
+    # `optim.fused=true` on the command line (or `fused: true` in YAML) arrives as a bool, which
+    # OmegaConf stores in this string field as 'True': accept it as the word the user wrote.
+    if o.fused in ("True", "False"):
+        o.fused = o.fused.lower()
     _choice(o.fused, ("auto", "true", "false"), "optim.fused")
     if o.lr <= 0 or o.min_lr < 0 or o.min_lr > o.lr:
         raise ConfigError(f"optim.lr={o.lr} / optim.min_lr={o.min_lr}: need 0 <= min_lr <= lr, lr > 0")

@@ -88,3 +88,12 @@ def test_resolved_config_round_trip(tmp_path):
 
 def test_base_yaml_is_not_listed_as_a_config():
     assert (CONFIG_DIR / "base.yaml").is_file()
+
+
+@pytest.mark.parametrize("word, want", [("true", "true"), ("false", "false"), ("auto", "auto"), ("True", "true")])
+def test_fused_accepts_the_words_it_lists(word, want):
+    """`optim.fused=true` is parsed as a bool by OmegaConf; the error used to say 'True' is not one of
+    auto, true, false."""
+    assert load_config("tiny_cpu.yaml", [f"optim.fused={word}"]).optim.fused == want
+    with pytest.raises(ConfigError, match="optim.fused"):
+        load_config("tiny_cpu.yaml", ["optim.fused=sometimes"])
