@@ -105,7 +105,7 @@ class DeepSpeedEngine(Engine):
         self.cfg, self.dist, self.device = cfg, dist, dist.device
         # ZeRO 1-3 save optimizer (and, at 3, parameter) shards per data-parallel rank; on another
         # rank count, load() converts the checkpoint once to DeepSpeed's universal checkpoint and
-        # loads that, then repairs two side effects of that load (repair_universal_load). The CPU
+        # loads that, then repairs three side effects of that load (repair_universal_load). The CPU
         # tests check the curve continues as the uninterrupted run's for ZeRO-1, -2 and -3.
         ensure_process_group(dist, cfg.engine.backend)
         self.ds_config = deepspeed_config(cfg, dist.world_size, self.device)
