@@ -1,7 +1,8 @@
 """Per-GPU, per-shape-class choice of attention kernel family, measured once and cached on disk.
 
 On Hopper our extension has two kernel families at run time: the wgmma kernels (csrc/hopper/,
-128 x 128 tiles over two warpgroups) and the FA2 mma.sync kernels (tiles in csrc/tile_config.h).
+warp-specialised with TMA loads since session 4) and the FA2 mma.sync kernels (tiles in
+csrc/tile_config.h).
 Which one is faster depends on the pass, head dim, causal mask and sequence length (bench/RESULTS.md
 v8). `python -m kernels.tune` times both for every shape class — pass (forward, backward) x head dim
 (64, 128) x causal x seqlen bucket (<= 1k, 2k, 4k, longer) at 16k tokens a batch and d_model 2048,
@@ -28,9 +29,9 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
+from .bench import D_MODEL, TOKENS  # the sweep's shapes: 16k tokens a batch, d_model 2048
 from .timing import time_ms
 
-TOKENS, D_MODEL = 16384, 2048
 BUCKET_SEQLEN = {0: 1024, 1: 2048, 2: 4096, 3: 8192}  # bucket (csrc/hopper/dispatch.cu) -> length timed
 BUCKET_LABEL = {0: "<=1k", 1: "2k", 2: "4k", 3: ">4k"}
 PASSES = {0: "fwd", 1: "bwd"}
