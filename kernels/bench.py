@@ -8,7 +8,8 @@ Error column: max |ours - fp32 reference| of the forward output on batch 0, head
 (the full fp32 reference at 16k would need tens of GB).
 
     python -m kernels.bench [--reps 30] [--hdims 64 128] [--seqlens 512 1024 ...] [--json out.json]
-                            [--compare-fa2] [--compare-cpasync] [--compare-nopingpong] [--only-ours]
+                            [--compare-fa2] [--compare-cpasync] [--compare-nopingpong]
+                            [--compare-headmajor] [--only-ours]
 """
 from __future__ import annotations
 
@@ -28,20 +29,21 @@ from kernels.timing import time_ms
 TOKENS, D_MODEL = 16384, 2048
 
 
-# Variants of our kernels timed beside the default dispatch: name -> the environment switch that
-# selects it on Hopper (read on every launch, hopper/dispatch.h).
-VARIANTS = {"fa2": "FLASHGPT_SM90",         # the FA2 (mma.sync) kernels everywhere
-            "cpasync": "FLASHGPT_SM90_WS",  # the cp.async wgmma kernels instead of the TMA ones
-            "nopingpong": "FLASHGPT_SM90_PINGPONG"}  # TMA forward without the warpgroup pingpong
+# Variants of our kernels timed beside the default dispatch: name -> (environment variable, value)
+# that selects it (read on every launch: hopper/dispatch.h, grid_order.h).
+VARIANTS = {"fa2": ("FLASHGPT_SM90", "0"),                 # the FA2 (mma.sync) kernels everywhere
+            "cpasync": ("FLASHGPT_SM90_WS", "0"),          # the cp.async wgmma kernels instead of the TMA ones
+            "nopingpong": ("FLASHGPT_SM90_PINGPONG", "0"),  # TMA forward without the warpgroup pingpong
+            "headmajor": ("FLASHGPT_GRID_ORDER", "head")}   # grids in head-major order (sessions 1-4)
 
 
 @contextlib.contextmanager
 def variant(name: str | None):
     """Within the block our kernels run as variant `name` (None: the default dispatch)."""
-    var = VARIANTS.get(name)
+    var, value = VARIANTS.get(name, (None, None))
     old = os.environ.get(var) if var else None
     if var:
-        os.environ[var] = "0"
+        os.environ[var] = value
     try:
         yield
     finally:
@@ -141,12 +143,15 @@ def main() -> None:
                     help="also time the cp.async wgmma kernels instead of the TMA ones (FLASHGPT_SM90_WS=0)")
     ap.add_argument("--compare-nopingpong", action="store_true",
                     help="also time the TMA forward without pingpong (FLASHGPT_SM90_PINGPONG=0)")
+    ap.add_argument("--compare-headmajor", action="store_true",
+                    help="also time our kernels on head-major grids (FLASHGPT_GRID_ORDER=head)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"cuDNN {torch.backends.cudnn.version()}")
     variants = tuple(v for v, on in (("fa2", args.compare_fa2), ("cpasync", args.compare_cpasync),
-                                     ("nopingpong", args.compare_nopingpong)) if on)
+                                     ("nopingpong", args.compare_nopingpong),
+                                     ("headmajor", args.compare_headmajor)) if on)
     rows = []
     for hdim in args.hdims:
         for causal in args.causal:

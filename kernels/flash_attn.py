@@ -15,6 +15,9 @@ Head dims: the kernels are compiled for 64, 96 and 128; any other d <= 128 is ze
 up to the next of these here (e.g. 80 -> 96; zero columns change no dot product and give zero
 output columns, which are sliced off). softmax_scale defaults to 1/sqrt(d) of the ORIGINAL d.
 
+Eager calls run the same forward/backward through a torch.autograd.Function that calls the
+binding directly (no custom-op dispatch cost); torch.compile traces the ops.
+
 Building happens on the first call (see kernels/build.py); importing this module never builds.
 """
 from __future__ import annotations
@@ -91,18 +94,49 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _backward(ctx, dout, dlse):
-    # dlse is ignored: the LSE output is not differentiable (documented in flash_attn_func).
+def _backward_with(bwd, ctx, dout):
+    """Gradients of the 10 forward inputs, computing dq, dk, dv with `bwd` (the op or the binding)."""
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
     max_q, max_k, scale, causal, deterministic = ctx.args
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = _bwd_op(dout.contiguous() if dout.stride(-1) != 1 else dout, q, k, v, out, lse,
-                         cu_q, cu_k, max_q, max_k, scale, causal, deterministic)
+    dq, dk, dv = bwd(dout.contiguous() if dout.stride(-1) != 1 else dout, q, k, v, out, lse,
+                     cu_q, cu_k, max_q, max_k, scale, causal, deterministic)
     return dq, dk, dv, None, None, None, None, None, None, None
 
 
+def _backward(ctx, dout, dlse):
+    # dlse is ignored: the LSE output is not differentiable (documented in flash_attn_func).
+    return _backward_with(_bwd_op, ctx, dout)
+
+
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerFlash(torch.autograd.Function):
+    """The same forward and backward as the ops, calling the binding directly: what eager mode
+    runs. A torch.library custom op costs tens of microseconds of Python dispatch per call, which
+    at short sequences is GPU idle time of the same order as the kernels (kernels/NOTES.md, session
+    5); torch.compile traces the ops instead (see _attention)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic):
+        if not q.is_cuda:
+            raise ValueError(_device_message(q.device))
+        out, lse = _ext().fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal)
+        _setup_context(ctx, (q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic), (out, lse))
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return _backward_with(_ext().bwd, ctx, dout)
+
+
+def _attention(*args):
+    """flashgpt::fwd's (out, lse): the op while torch.compile traces, the binding in eager mode."""
+    if torch.compiler.is_compiling():
+        return _fwd_op(*args)
+    return _EagerFlash.apply(*args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,7 +240,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     d = q.shape[-1]
     scale = _scale(softmax_scale, d)
     d_pad = _padded_hdim(d)
-    out, lse = _fwd_op(_pad(q, d_pad), _pad(k, d_pad), _pad(v, d_pad), None, None,
+    out, lse = _attention(_pad(q, d_pad), _pad(k, d_pad), _pad(v, d_pad), None, None,
                        q.shape[1], k.shape[1], scale, bool(causal), bool(deterministic))
     if d_pad != d:
         out = out[..., :d]
@@ -242,7 +276,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     d = q.shape[-1]
     scale = _scale(softmax_scale, d)
     d_pad = _padded_hdim(d)
-    out, lse = _fwd_op(_pad(q, d_pad), _pad(k, d_pad), _pad(v, d_pad),
+    out, lse = _attention(_pad(q, d_pad), _pad(k, d_pad), _pad(v, d_pad),
                        cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
                        int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), bool(deterministic))
     if d_pad != d:

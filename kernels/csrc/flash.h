@@ -39,6 +39,7 @@ struct Flash_fwd_params {
     float scale_softmax;       // softmax scale (usually 1/sqrt(d_original))
     float scale_softmax_log2;  // scale * log2(e): exp(x*scale) = exp2(x*scale_log2)
     bool is_causal;            // bottom-right aligned causal mask
+    bool block_major;          // grid order, set by tile_grid (grid_order.h)
 };
 
 struct Flash_bwd_params : public Flash_fwd_params {
@@ -46,7 +47,7 @@ struct Flash_bwd_params : public Flash_fwd_params {
     void *__restrict__ dk_ptr;   // dK per QUERY head (b, seqlen_k, h, d); the wrapper sums groups for GQA
     void *__restrict__ dv_ptr;
     void *__restrict__ dq_ptr;   // dQ in the input dtype, contiguous like dq_accum
-    float *__restrict__ dq_accum_ptr;       // fp32 (b, seqlen_q, h, d) or (total_q, h, d), contiguous, zeroed
+    float *__restrict__ dq_accum_ptr;       // fp32 (b, seqlen_q, h, d) or (total_q, h, d), contiguous; pre-pass zeroes it
     float *__restrict__ dsoftmax_sum_ptr;   // D = rowsum(dO * O), laid out like lse
     int *__restrict__ dq_semaphore;         // deterministic mode: one counter per (b, h, q block), zeroed
 

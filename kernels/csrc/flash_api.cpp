@@ -136,14 +136,14 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
 
     const int64_t h = q.size(-2), h_k = k.size(-2), d = q.size(-1);
     at::Tensor dq = at::empty(q.sizes(), q.options());
-    at::Tensor dq_accum = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+    at::Tensor dq_accum = at::empty(q.sizes(), q.options().dtype(at::kFloat));  // zeroed by the pre-pass
     // dK/dV per query head; summed over each group below when h_k < h (GQA/MQA).
     std::vector<int64_t> dk_shape(k.sizes().begin(), k.sizes().end());
     dk_shape[dk_shape.size() - 2] = h;
     at::Tensor dk_exp = at::empty(dk_shape, k.options());
     at::Tensor dv_exp = at::empty(dk_shape, k.options());
     at::Tensor dsum = at::empty_like(lse);
-    poison(dq); poison(dk_exp); poison(dv_exp); poison(dsum);
+    poison(dq); poison(dk_exp); poison(dv_exp); poison(dsum); poison(dq_accum);
 
     Flash_bwd_params params;
     fill_fwd_params(params, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

@@ -3,6 +3,7 @@
 // its atomic (optionally ordered) accumulation, and the dK/dV epilogue.
 #pragma once
 #include "flash.h"
+#include "grid_order.h"
 #include "flash_fwd_kernel.h"  // SeqInfo
 #include "utils.h"
 

@@ -19,9 +19,9 @@
 template <typename Kt, typename KernelFor>
 void launch_bwd(Flash_bwd_params &params, cudaStream_t stream, KernelFor kernel_for) {
     const int num_n_blocks = flash::cdiv(params.seqlen_k, Kt::kBlockN);
-    // y = key block is the slow axis: low key blocks are dispatched first (deterministic mode
-    // waits on them, and under a causal mask they carry the most query blocks).
-    dim3 grid(params.b * params.h, num_n_blocks);
+    // Either grid order (grid_order.h) dispatches a head's low key blocks before its high ones:
+    // deterministic mode waits on them.
+    const dim3 grid = flash::tile_grid(params, num_n_blocks);
     const bool is_even = params.cu_seqlens_q == nullptr && params.seqlen_q % Kt::kBlockM == 0 &&
                          params.seqlen_k % Kt::kBlockN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {

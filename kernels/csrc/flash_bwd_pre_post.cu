@@ -4,7 +4,8 @@
 template <typename T>
 void run_bwd_preprocess(Flash_bwd_params &params, cudaStream_t stream) {
     dim3 grid(flash::cdiv(params.seqlen_q, flash::kPreRowsPerBlock), params.h, params.b);
-    flash::flash_bwd_preprocess_kernel<T><<<grid, 32 * flash::kPreRowsPerBlock, 0, stream>>>(params);
+    const int64_t dq_accum_n4 = int64_t(params.total_q) * params.h * params.d / 4;  // d % 32 == 0
+    flash::flash_bwd_preprocess_kernel<T><<<grid, flash::kPreThreads, 0, stream>>>(params, dq_accum_n4);
     FLASH_KERNEL_LAUNCH_CHECK();
 }
 

@@ -1,7 +1,8 @@
 // Backward pre-pass and post-pass kernels (memory-bound, simple).
-//   pre-pass:  D = rowsum(dO o O) in fp32, one warp per query row, laid out like LSE.
+//   pre-pass:  D = rowsum(dO o O) in fp32, 16 threads per query row (8-byte loads), laid out like
+//              LSE; and dq_accum zeroed (each block a contiguous slice of the flat buffer: no
+//              separate memset kernel, and rows outside every varlen sequence are zeroed too).
 //   post-pass: dQ = dq_accum * softmax_scale, fp32 -> bf16/fp16, 4 elements per thread.
-// (dq_accum is zeroed by the caller before the main kernel.)
 #pragma once
 #include "flash.h"
 #include "flash_fwd_kernel.h"  // SeqInfo
@@ -9,31 +10,41 @@
 
 namespace flash {
 
-constexpr int kPreRowsPerBlock = 8;  // one warp per row, 8 warps per block
+constexpr int kPreThreads = 256, kPreRowThreads = 16, kPreRowsPerBlock = kPreThreads / kPreRowThreads;
 
+// dq_accum_n4: float4s in dq_accum (total_q * h * d / 4).
 template <typename T>
-__global__ void __launch_bounds__(32 * kPreRowsPerBlock)
-flash_bwd_preprocess_kernel(const Flash_bwd_params params) {
+__global__ void __launch_bounds__(kPreThreads)
+flash_bwd_preprocess_kernel(const Flash_bwd_params params, int64_t dq_accum_n4) {
+    const int64_t n_blocks = int64_t(gridDim.x) * gridDim.y * gridDim.z;
+    const int64_t block = (int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    const int64_t slice = (dq_accum_n4 + n_blocks - 1) / n_blocks;
+    const int64_t zero_end = dq_accum_n4 < (block + 1) * slice ? dq_accum_n4 : (block + 1) * slice;
+    float4 *dq_accum = reinterpret_cast<float4 *>(params.dq_accum_ptr);
+    for (int64_t i = block * slice + threadIdx.x; i < zero_end; i += kPreThreads) dq_accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+
     const int b = blockIdx.z, h = blockIdx.y;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int row = blockIdx.x * kPreRowsPerBlock + warp;
+    const int lane = threadIdx.x % kPreRowThreads;  // the 16 threads of a row sit in one half-warp
+    const int row = blockIdx.x * kPreRowsPerBlock + threadIdx.x / kPreRowThreads;
     const SeqInfo seq(params, b);
-    if (row >= seq.sq) return;
-    const T *o = reinterpret_cast<const T *>(params.o_ptr) +
-                 seq.q_off(params, params.o_batch_stride, params.o_row_stride, params.o_head_stride, b, h) +
-                 int64_t(row) * params.o_row_stride;
-    const T *dout = reinterpret_cast<const T *>(params.do_ptr) +
-                    seq.q_off(params, params.do_batch_stride, params.do_row_stride, params.do_head_stride, b, h) +
-                    int64_t(row) * params.do_row_stride;
+    const bool in_seq = row < seq.sq;
     float acc = 0.f;
-    for (int p = lane; p < params.d / 2; p += 32) {  // pairs of elements, 4-byte loads
-        const float2 x = unpack2<T>(reinterpret_cast<const uint32_t *>(o)[p]);
-        const float2 y = unpack2<T>(reinterpret_cast<const uint32_t *>(dout)[p]);
-        acc += x.x * y.x + x.y * y.y;
+    if (in_seq) {
+        const T *o = reinterpret_cast<const T *>(params.o_ptr) +
+                     seq.q_off(params, params.o_batch_stride, params.o_row_stride, params.o_head_stride, b, h) +
+                     int64_t(row) * params.o_row_stride;
+        const T *dout = reinterpret_cast<const T *>(params.do_ptr) +
+                        seq.q_off(params, params.do_batch_stride, params.do_row_stride, params.do_head_stride, b, h) +
+                        int64_t(row) * params.do_row_stride;
+        for (int p = lane; p < params.d / 4; p += kPreRowThreads) {  // 4 elements per 8-byte load
+            const uint2 x = reinterpret_cast<const uint2 *>(o)[p], y = reinterpret_cast<const uint2 *>(dout)[p];
+            const float2 x0 = unpack2<T>(x.x), x1 = unpack2<T>(x.y), y0 = unpack2<T>(y.x), y1 = unpack2<T>(y.y);
+            acc += x0.x * y0.x + x0.y * y0.y + x1.x * y1.x + x1.y * y1.y;
+        }
     }
 #pragma unroll
-    for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffff, acc, off);
-    if (lane == 0) params.dsoftmax_sum_ptr[seq.lse_off(params, b, h) + row] = acc;
+    for (int off = kPreRowThreads / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffff, acc, off);
+    if (in_seq && lane == 0) params.dsoftmax_sum_ptr[seq.lse_off(params, b, h) + row] = acc;
 }
 
 template <typename T>

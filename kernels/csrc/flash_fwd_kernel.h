@@ -11,6 +11,7 @@
 // LSE = +inf (so the backward's exp(S - LSE) is 0 for them, as in FlashAttention).
 #pragma once
 #include "flash.h"
+#include "grid_order.h"
 #include "kernel_traits.h"
 #include <cmath>
 
@@ -105,8 +106,9 @@ flash_fwd_kernel(const Flash_fwd_params params) {
     T *sK = sQ + Kt::kSmemQElems;               // 2 x (BN, S)
     T *sV = sK + 2 * Kt::kSmemKVElems;          // 2 x (BN, S)
 
-    const int m_block = gridDim.y - 1 - blockIdx.y;
-    const int b = blockIdx.x / params.h, h = blockIdx.x % params.h;
+    const GridTile tile = grid_tile(params.block_major);
+    const int m_block = tile.num_blocks - 1 - tile.block;  // heaviest (causal) first
+    const int b = tile.bh / params.h, h = tile.bh % params.h;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
 

@@ -36,15 +36,21 @@ def _ext():
     load_extension().set_debug_poison(False)
 
 
-@pytest.fixture(params=["default", "cpasync", "fa2"], autouse=True)
+# Kernel paths besides the default dispatch: name -> (environment variable, value) that selects it.
+KERNEL_PATHS = {"cpasync": ("FLASHGPT_SM90_WS", "0"),      # the cp.async wgmma kernels (Hopper)
+                "fa2": ("FLASHGPT_SM90", "0"),             # the FA2 kernels everywhere (Hopper)
+                "headmajor": ("FLASHGPT_GRID_ORDER", "head")}  # head-major grids (grid_order.h)
+
+
+@pytest.fixture(params=["default", *KERNEL_PATHS], autouse=True)
 def kernel_path(request, monkeypatch):
-    """On Hopper every check runs three times: through the default dispatch (the warp-specialised TMA
-    forward and the wgmma backward for head dim 128), with FLASHGPT_SM90_WS=0 (the cp.async wgmma
-    forward), and with FLASHGPT_SM90=0 (the FA2 kernels everywhere). Elsewhere all are one path."""
+    """Every check runs through the default dispatch (on Hopper the warp-specialised TMA kernels for
+    head dim 128 and the head-dim-64 forward), then on head-major grids, and on Hopper also through
+    the cp.async wgmma kernels and the FA2 kernels."""
+    if request.param in ("cpasync", "fa2") and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("only Hopper has more than one kernel family")
     if request.param != "default":
-        if torch.cuda.get_device_capability()[0] != 9:
-            pytest.skip("only Hopper has more than one kernel path")
-        monkeypatch.setenv({"cpasync": "FLASHGPT_SM90_WS", "fa2": "FLASHGPT_SM90"}[request.param], "0")
+        monkeypatch.setenv(*KERNEL_PATHS[request.param])
     return request.param
 
 
@@ -252,6 +258,27 @@ def test_opcheck():
                            0.125, True, True))
 
 
+@pytest.mark.parametrize("varlen", [False, True])
+def test_eager_path_matches_the_op(varlen):
+    """Eager calls run _EagerFlash (the binding, no custom-op dispatch); the op that torch.compile
+    traces, with its registered autograd, gives the same output and gradients bit for bit."""
+    torch.manual_seed(next(_seed))
+    shape = (301, 4, 128) if varlen else (2, 301, 4, 128)
+    q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn_like(q)
+    cu = _cu([100, 201]) if varlen else None
+    max_len = 201 if varlen else 301
+    if varlen:
+        eager = flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=True, deterministic=True)
+    else:
+        eager = flash_attn_func(q, k, v, causal=True, deterministic=True)
+    op, _ = torch.ops.flashgpt.fwd(q, k, v, cu, cu, max_len, max_len, 128 ** -0.5, True, True)
+    assert torch.equal(eager, op)
+    for name, a, b in zip("qkv", torch.autograd.grad(eager, (q, k, v), dout),
+                          torch.autograd.grad(op, (q, k, v), dout)):
+        assert torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("bad, match", [
     ("d160", "head dim 160"), ("fp32", "dtype"), ("lastdim", "last dim"), ("empty", "empty"),
 ])
@@ -316,6 +343,32 @@ def test_default_runs_the_warp_specialised_kernels(d, causal, varlen, kernel_pat
     assert not any("ws_kernel" in n for n in _launched_kernels(fwd_bwd))
     for name, a, b in zip(("out", "dq", "dk", "dv"), ws, fwd_bwd()):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("d,causal", [(64, True), (128, False), (128, True)])
+def test_grid_order_changes_no_result(d, causal, kernel_path, monkeypatch):
+    """Block-major and head-major grids (grid_order.h) run the same tiles in another order: the
+    forward and the deterministic backward agree bit for bit."""
+    if kernel_path == "headmajor":
+        pytest.skip("compares against the head-major path itself")
+    torch.manual_seed(next(_seed))
+    q, k, v = (torch.randn(3, 700, 5, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    dout = torch.randn_like(q)
+
+    def fwd_bwd():
+        out = flash_attn_func(q, k, v, causal=causal, deterministic=True)
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    block_major = fwd_bwd()
+    monkeypatch.setenv("FLASHGPT_GRID_ORDER", "head")
+    for name, a, b in zip(("out", "dq", "dk", "dv"), block_major, fwd_bwd()):
+        assert torch.equal(a, b), name
+
+
+def test_more_heads_than_a_grid_dimension_holds():
+    """batch * heads above 65535 (gridDim.y's limit) falls back to head-major grids: still exact."""
+    run_dense(33000, 2, 2, 3, 5, 64, torch.bfloat16, True)
 
 
 def _reset_dispatch(ext):

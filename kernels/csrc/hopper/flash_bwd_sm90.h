@@ -45,8 +45,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_sm90_kernel(const Fl
     float *sLSE = reinterpret_cast<float *>(sdS + kBwdDSBytes);  // 2 x BM
     float *sDsum = sLSE + 2 * BM;                                 // 2 x BM
 
-    const int n_block = blockIdx.y;
-    const int b = blockIdx.x / params.h, h = blockIdx.x % params.h;
+    const GridTile tile = grid_tile(params.block_major);
+    const int n_block = tile.block;
+    const int b = tile.bh / params.h, h = tile.bh % params.h;
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
     const int key_row0 = wg * 64 + warp * 16;  // first key (in the block) of this warp's rows
@@ -158,7 +159,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_sm90_kernel(const Fl
 template <typename T, int D, bool Is_causal>
 void run_flash_bwd_sm90(Flash_bwd_params &params, cudaStream_t stream) {
     using namespace flash::sm90;
-    dim3 grid(params.b * params.h, flash::cdiv(params.seqlen_k, kBwdBN));  // y = key block (slow axis)
+    const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_k, kBwdBN));
     const bool is_even = params.cu_seqlens_q == nullptr && params.seqlen_q % kBwdBM == 0 &&
                          params.seqlen_k % kBwdBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {

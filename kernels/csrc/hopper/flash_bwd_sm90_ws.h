@@ -60,8 +60,9 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     const uint32_t kv_full = s0 + kBwsOffBar, q_full = kv_full + 8, q_empty = q_full + 16, dq_full = q_empty + 16,
                    dq_empty = dq_full + 8;
 
-    const int n_block = blockIdx.y;
-    const int b = blockIdx.x / params.h, h = blockIdx.x % params.h;
+    const GridTile tile = grid_tile(params.block_major);
+    const int n_block = tile.block;
+    const int b = tile.bh / params.h, h = tile.bh % params.h;
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
 
     const SeqInfo seq(params, b);
@@ -241,7 +242,7 @@ bool run_flash_bwd_sm90_ws(Flash_bwd_params &params, cudaStream_t stream) {
         !make_tile_map(&maps.v, params.v_ptr, bf16, D, k_rows, params.h_k, batch, params.v_row_stride,
                        params.v_head_stride, params.v_batch_stride, kBwsBN))
         return false;
-    dim3 grid(params.b * params.h, flash::cdiv(params.seqlen_k, kBwsBN));  // y = key block (slow axis)
+    const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_k, kBwsBN));
     const bool is_even = !varlen && params.seqlen_q % kBwsBM == 0 && params.seqlen_k % kBwsBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
         auto kernel = &flash_bwd_sm90_ws_kernel<T, Is_causal, Is_even>;

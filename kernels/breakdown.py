@@ -1,0 +1,93 @@
+"""Where an attention forward+backward spends its GPU time, kernel by kernel: ours vs SDPA flash vs
+SDPA cuDNN on one shape of the kernels.bench sweep (16k tokens, d_model 2048, bf16).
+
+torch.profiler records `--iters` forward+backward calls after a warm-up; each kernel's device time
+is summed per name and divided by the number of calls (microseconds per call). The table shows
+which kernels beyond the main ones (zeroing, pre-/post-processing, copies) each backend launches
+and what they cost: the short-sequence rows of the sweep are where these matter. Beside the kernel
+sum: the CUDA-event time of one synchronised call as kernels.bench measures it (the difference is
+GPU idle time: host overhead before and between launches), and the host time of one call on a tiny
+shape (1 x 128 tokens x 1 head), where the GPU waits on the host.
+
+    python -m kernels.breakdown --hdim 128 --seqlen 512 [--causal] [--iters 20]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from kernels.bench import D_MODEL, TOKENS, impls
+from kernels.timing import time_ms
+
+
+def kernel_times(fn, q, k, v, dout, iters: int) -> dict[str, float]:
+    """Kernel name -> microseconds of device time per forward+backward call."""
+    def step():
+        q.grad = k.grad = v.grad = None
+        fn(q, k, v).backward(dout)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+    per_name: dict[str, float] = collections.defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            per_name[ev.name] += ev.device_time_total / iters  # device_time_total: us
+    return dict(per_name)
+
+
+def host_us(fn, d: int, iters: int = 200) -> float:
+    """Host microseconds per forward+backward call on a 1 x 128 x 1 x d problem (GPU work ~10 us)."""
+    q, k, v = (torch.randn(1, 128, 1, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    dout = torch.randn_like(q)
+    for _ in range(10):
+        torch.autograd.grad(fn(q, k, v), (q, k, v), dout)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        torch.autograd.grad(fn(q, k, v), (q, k, v), dout)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / iters * 1e6
+
+
+def short(name: str, width: int = 70) -> str:
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hdim", type=int, default=128)
+    ap.add_argument("--seqlen", type=int, default=512)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--impls", nargs="+", default=["ours", "flash", "cudnn"])
+    args = ap.parse_args()
+    batch, heads = TOKENS // args.seqlen, D_MODEL // args.hdim
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(batch, args.seqlen, heads, args.hdim, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    dout = torch.randn_like(q)
+    fns = impls(args.causal)
+    print(f"hdim {args.hdim} seqlen {args.seqlen} causal {int(args.causal)} batch×heads {batch}×{heads}: "
+          f"us per forward+backward call, by kernel")
+    for name in args.impls:
+        fn = fns[name]
+        times = kernel_times(fn, q, k, v, dout, args.iters)
+        event_us = 1e3 * time_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), args.iters)
+        print(f"  {name}: kernels {sum(times.values()):.1f} us, CUDA events {event_us:.1f} us per call; "
+              f"host {host_us(fn, args.hdim):.1f} us per call on a tiny shape")
+        for kname, us in sorted(times.items(), key=lambda kv: -kv[1]):
+            print(f"    {us:9.1f}  {short(kname)}")
+
+
+if __name__ == "__main__":
+    main()
