@@ -5,11 +5,13 @@ same shapes, same accumulation, one process.
     python bench/e2e.py --config gpt_2.7b_8k.yaml --setups ours,eager_cudnn
 
 Setups:
-  ours           launch/train.py's Trainer.fit, eager (train.compile=false) (data loader, accumulation, clipping, fused AdamW,
-                 logging, metrics) with the config's attention (our kernel when built); its figure is
-                 read back from the run's metrics.jsonl, i.e. the number users see in W&B
-  ours_flash     the same with model.attention=flash (our FA2 kernel)
-  ours_compile, ours_flash_compile
+  ours           launch/train.py's Trainer.fit, eager (train.compile=false) (data loader, accumulation,
+                 clipping, fused AdamW, logging, metrics) with the config's attention (auto: our
+                 kernels on CUDA); its figure is read back from the run's metrics.jsonl, i.e. the
+                 number users see in W&B
+  ours_flash     the same with model.attention=flash (our kernels, forced)
+  ours_sdpa      the same with model.attention=sdpa (PyTorch SDPA: cuDNN on H100)
+  ours_compile, ours_flash_compile, ours_sdpa_compile
                  the same with train.compile=true (torch.compile of the model, our op traced inside)
   eager_cudnn    plain PyTorch: the same GPT with SDPA forced to cuDNN, eager, plain cross-entropy
   eager_flash    the same with SDPA's FlashAttention-2 backend
@@ -134,9 +136,9 @@ def main(argv=None) -> int:
     for setup in args.setups.split(","):
         if setup.startswith("ours"):
             parts = set(setup.split("_")[1:])
-            if not parts <= {"flash", "compile"}:
-                raise SystemExit(f"unknown setup {setup!r}: ours, ours_flash, ours_compile, ours_flash_compile")
-            extra = (["model.attention=flash"] if "flash" in parts else []) + \
+            if not parts <= {"flash", "sdpa", "compile"} or {"flash", "sdpa"} <= parts:
+                raise SystemExit(f"unknown setup {setup!r}: ours[_flash|_sdpa][_compile]")
+            extra = [f"model.attention={a}" for a in ("flash", "sdpa") if a in parts] + \
                     [f"train.compile={'true' if 'compile' in parts else 'false'}"]
             r = ours_step_times(args.config, [*args.overrides, *extra], args.steps, args.warmup, args.accum,
                                 setup, trace_dir)

@@ -4,7 +4,7 @@ Backends (chosen once per model, logged):
   flash     - our FlashAttention-2 CUDA kernel (`kernels.flash_attn_func`), CUDA + bf16/fp16 only
   sdpa      - PyTorch's scaled_dot_product_attention (picks flash/cuDNN/math itself)
   reference - plain matmul + softmax in fp32; slow, for checking
-  auto      - the fastest correct one measured: sdpa for now (see resolve_backend)
+  auto      - ours on CUDA in bf16/fp16 (else, or where it cannot load, SDPA)
 """
 from __future__ import annotations
 
@@ -34,13 +34,16 @@ def _our_kernel_status() -> Tuple[bool, str]:
     return False, kernels.unavailable_reason()
 
 
-def resolve_backend(requested: str, device: torch.device) -> Tuple[str, str]:
-    """Return (backend, reason). `requested` is the config's model.attention.
+def resolve_backend(requested: str, device: torch.device, head_dim: int = 128,
+                    dtype: torch.dtype = torch.bfloat16) -> Tuple[str, str]:
+    """Return (backend, reason). `requested` is the config's model.attention; `dtype` is what
+    attention computes in (the autocast dtype; float32 without autocast).
 
-    `auto` means the fastest correct backend we have measured on this kind of device. On Hopper
-    that is still PyTorch SDPA (which picks cuDNN): our FA2 kernel matches SDPA's FlashAttention-2
-    but not cuDNN (bench/RESULTS.md), so `auto` leaves it off until the Hopper kernel passes cuDNN;
-    `model.attention=flash` uses it.
+    `auto` is our kernel on CUDA (it builds on first use) for bf16/fp16 and head dims up to 128,
+    and SDPA otherwise, or where our kernel cannot build or load (the reason is logged). Since
+    session 5 ours is at or above PyTorch's own FlashAttention-2 (SDPA flash) on every row of the
+    kernel sweep, forward and backward (bench/RESULTS.md); SDPA's cuDNN backend is still faster in
+    the Hopper backward, and `model.attention=sdpa` selects it.
     """
     if requested in ("sdpa", "reference"):
         return requested, "asked for in model.attention"
@@ -49,10 +52,14 @@ def resolve_backend(requested: str, device: torch.device) -> Tuple[str, str]:
             raise RuntimeError("model.attention=flash needs a CUDA device; on this machine use "
                                "model.attention=sdpa (or auto)")
         return "sdpa", f"auto on {device.type}: our kernel is CUDA-only"
-    if requested == "auto":
-        return "sdpa", ("auto: SDPA (cuDNN/flash) is faster than our FA2 kernel on this GPU so far; "
-                        "model.attention=flash uses ours")
+    if requested == "auto" and (head_dim > 128 or dtype not in (torch.bfloat16, torch.float16)):
+        return "sdpa", (f"auto: our kernel takes bf16/fp16 and head dim <= 128, this model computes "
+                        f"attention in {dtype} at head dim {head_dim}")
     ok, why = _our_kernel_status()
+    if requested == "auto":
+        if ok:
+            return "flash", f"auto on CUDA: {why}"
+        return "sdpa", f"auto: our kernel is unavailable ({why}); using SDPA"
     if not ok:
         raise RuntimeError(f"model.attention=flash but our kernel is unavailable: {why}")
     return "flash", why

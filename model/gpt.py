@@ -62,13 +62,16 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig, device: Optional[torch.device] = None):
-        """`device` only decides the attention backend (auto: our kernel on CUDA); build on meta or
-        CPU and move as usual."""
+    def __init__(self, cfg: GPTConfig, device: Optional[torch.device] = None,
+                 attention_dtype: torch.dtype = torch.bfloat16):
+        """`device` and `attention_dtype` (what attention computes in: the autocast dtype, or
+        float32) only decide the attention backend (auto: our kernel on CUDA in bf16/fp16); build on
+        meta or CPU and move as usual."""
         super().__init__()
         self.cfg = cfg
         backend_device = torch.device(device) if device is not None else torch.device("cpu")
-        self.attention_backend, reason = resolve_backend(cfg.attention, backend_device)
+        self.attention_backend, reason = resolve_backend(cfg.attention, backend_device, cfg.head_dim,
+                                                         attention_dtype)
         log.info("attention backend: %s (%s)", self.attention_backend, reason)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.pos_emb == "learned" else None

@@ -19,7 +19,7 @@ from training import faults
 from training.checkpoint import CheckpointError, Checkpointer, rng_state, set_rng_state
 from training.config import Config, grad_accum_steps, save_resolved, to_dict
 from training.distributed import DistInfo
-from training.engine import TorchEngine, build_engine
+from training.engine import TorchEngine, autocast_dtype, build_engine
 from training.logging import RunLogger
 from training.metrics import DeferredScalars, ThroughputMeter, memory_stats, peak_flops
 from training.profiling import profile_call
@@ -73,7 +73,8 @@ class Trainer:
             val_loader = PackedLoader(prepared.dir, "val", rank=dist.rank, world_size=dist.world_size,
                                       seed=t.seed, num_workers=0, **common)
         torch.manual_seed(t.seed)  # identical initial weights on every rank
-        model = GPT(cfg.model, device=dist.device)
+        attention_dtype = autocast_dtype(cfg, dist.device) or torch.float32
+        model = GPT(cfg.model, device=dist.device, attention_dtype=attention_dtype)
         engine = build_engine(model, cfg, dist)
         torch.manual_seed(t.seed + 1000 * dist.rank)  # per-rank stream for dropout
         meta = {"tokenizer_hash": prepared.tokenizer_hash, "vocab_size": prepared.vocab_size,

@@ -111,6 +111,9 @@ def test_documents_do_not_leak():
 
 def test_backend_resolution_on_cpu():
     assert resolve_backend("auto", torch.device("cpu"))[0] == "sdpa"
+    # auto leaves our kernel out where it cannot run: fp32 attention, head dim > 128
+    assert resolve_backend("auto", torch.device("cuda"), 64, torch.float32)[0] == "sdpa"
+    assert resolve_backend("auto", torch.device("cuda"), 256, torch.bfloat16)[0] == "sdpa"
     assert resolve_backend("reference", torch.device("cpu"))[0] == "reference"
     with pytest.raises(RuntimeError, match="CUDA"):
         resolve_backend("flash", torch.device("cpu"))

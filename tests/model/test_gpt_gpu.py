@@ -10,6 +10,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
+from model.attention import resolve_backend  # noqa: E402
 from model.config import GPTConfig  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 
@@ -22,6 +23,11 @@ def pair(**kw):
     ours.load_state_dict(ref.state_dict())
     assert ours.attention_backend == "flash" and ref.attention_backend == "sdpa"
     return ref, ours
+
+
+def test_auto_attention_is_our_kernel_on_cuda():
+    backend, why = resolve_backend("auto", torch.device("cuda"))
+    assert backend == "flash", why
 
 
 def loss_and_grads(model, idx, tgt, **kw):
