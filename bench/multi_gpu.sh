@@ -6,7 +6,9 @@
 #   NGPU=2 STEPS=6 bash bench/multi_gpu.sh [out_dir]
 #   CONFIG=gpt_2.7b_8k.yaml ENGINES="ddp zero2" GPUS="1 2" RESUME=0 bash bench/multi_gpu.sh /tmp/mg27
 # ENGINES: ddp, fsdp (FSDP2), zero0..zero3 (DeepSpeed). GPUS: the GPU counts to run each engine on.
-# COMPILE: train.compile for every run (default false, see below).
+# COMPILE: train.compile for every run (default false, see below). EXTRA: more config overrides for
+# every run (e.g. EXTRA="model.attention=sdpa" to compare with the rows measured before session 5,
+# when auto meant SDPA).
 # 1-GPU runs go two at a time (one per GPU) when NGPU >= 2: they share nothing but the host.
 set -uo pipefail
 NGPU=${NGPU:-2}; STEPS=${STEPS:-6}; OUT=${1:-/tmp/mg}
@@ -19,7 +21,7 @@ COMPILE=${COMPILE:-false}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 COMMON="train.global_batch_size=8 train.max_steps=$STEPS train.eval_interval=0 train.ckpt_interval=0 \
 train.save_final=false logging.progress=false logging.wandb=disabled train.out_dir=$OUT data.cache_dir=$OUT/cache \
-train.compile=$COMPILE"
+train.compile=$COMPILE ${EXTRA:-}"
 mkdir -p $OUT
 python3 -m data.prepare --config $CONFIG data.cache_dir=$OUT/cache >/dev/null 2>&1
 
