@@ -126,6 +126,20 @@ __device__ __forceinline__ void issue_dq(float (&dq)[32], uint32_t ds_base, uint
     wgmma_commit();
 }
 
+// A 64 x (2 * NJ * 4) fp32 accumulator slice (rows warp*16 + g (+8), columns col0 + 8j + 2t) into
+// rows of `row_bytes` bytes at dst: the dQ staging buffer that the bulk reduce-add reads.
+template <int NJ>
+__device__ __forceinline__ void store_acc_rows(uint8_t *dst, int row_bytes, const float (&acc)[NJ * 4], int col0,
+                                               int warp, int g, int t) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        uint8_t *row = dst + (warp * 16 + g + 8 * hr) * row_bytes + (col0 + 2 * t) * 4;
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+            *reinterpret_cast<float2 *>(row + j * 32) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
+    }
+}
+
 // Epilogue: this warp's rows of dK (times the softmax scale) and dV, direct 4-byte stores; rows >=
 // keys_left are not written. dk / dv at the block's first key.
 template <typename T, int D>

@@ -204,13 +204,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
 
         // dQ (query rows warp*16 + g (+8), head-dim columns 64cw + 8j + 2t) -> shared memory, fp32
         mbar_wait(dq_empty, (it & 1) ^ 1);
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-            uint8_t *row = smem + kBwsOffDQ + (warp * 16 + g + 8 * hr) * kBwsDQRow + (cw * 64 + 2 * t) * 4;
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-                *reinterpret_cast<float2 *>(row + j * 32) = make_float2(acc_dq[4 * j + 2 * hr], acc_dq[4 * j + 2 * hr + 1]);
-        }
+        store_acc_rows<8>(smem + kBwsOffDQ, kBwsDQRow, acc_dq, cw * 64, warp, g, t);
         fence_async_smem();  // -> visible to the bulk unit
         mbar_arrive_if(dq_full, true);
     }

@@ -20,7 +20,7 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_base, uint32
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
         const uint32_t off = (ks / 4) * 128 * 128 + (ks % 4) * 32;  // atom column, 32 B per k16
-        wgmma_m64n128k16_ss<T, 0>(s, smem_desc(q_base + off, 16, 1024), smem_desc(k_base + off, 16, 1024), ks > 0);
+        wgmma_m64n128k16_ss<T, 0, 0>(s, smem_desc(q_base + off, 16, 1024), smem_desc(k_base + off, 16, 1024), ks > 0);
     }
     wgmma_commit();
 }

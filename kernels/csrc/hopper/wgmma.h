@@ -103,9 +103,10 @@ template <typename T> struct WgmmaType;
 template <> struct WgmmaType<__nv_bfloat16> { static constexpr const char *name = "bf16"; };
 template <> struct WgmmaType<__half> { static constexpr const char *name = "f16"; };
 
-// D (64 x 128, fp32) (+)= A (64 x 16, smem, K-major) * B (16 x 128, smem; tnspB = 0: K-major
-// (N rows x K), 1: MN-major (K rows x N)). accumulate == false overwrites D.
-template <typename T, int kTransB>
+// D (64 x 128, fp32) (+)= A (64 x 16, smem; tnspA = 0: K-major (M rows x K), 1: MN-major (K rows x
+// M)) * B (16 x 128, smem; tnspB = 0: K-major (N rows x K), 1: MN-major (K rows x N)).
+// accumulate == false overwrites D.
+template <typename T, int kTransA, int kTransB>
 __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
                                                     bool accumulate) {
 #ifdef FLASHGPT_WGMMA_ENABLED
@@ -113,16 +114,16 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t des
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FLASHGPT_REGS64
-            ", %64, %65, p, 1, 1, 0, %67;\n}\n"
+            ", %64, %65, p, 1, 1, %67, %68;\n}\n"
             : FLASHGPT_D64(d)
-            : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+            : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB));
     } else {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " FLASHGPT_REGS64
-            ", %64, %65, p, 1, 1, 0, %67;\n}\n"
+            ", %64, %65, p, 1, 1, %67, %68;\n}\n"
             : FLASHGPT_D64(d)
-            : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+            : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB));
     }
 #endif
 }

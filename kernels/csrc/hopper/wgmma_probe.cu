@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(128) wgmma_probe_kernel(const T *a, const T *b
     for (int ks = 0; ks < 8; ++ks) {  // k = d in steps of 16; 4 steps per 64-column atom
         const uint32_t a_addr = smem_u32(sA) + (ks / 4) * 64 * 128 + (ks % 4) * 32;
         const uint32_t b_addr = smem_u32(sB) + (ks / 4) * 128 * 128 + (ks % 4) * 32;
-        wgmma_m64n128k16_ss<T, 0>(d1, smem_desc(a_addr, 16, 1024), smem_desc(b_addr, 16, 1024), ks > 0);
+        wgmma_m64n128k16_ss<T, 0, 0>(d1, smem_desc(a_addr, 16, 1024), smem_desc(b_addr, 16, 1024), ks > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
