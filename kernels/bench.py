@@ -2,7 +2,8 @@
 
 Same process, same inputs; head dim 64/128, seqlen 512..16k, batch*seqlen = 16k tokens,
 d_model 2048 -> heads = 2048/hdim, bf16, causal and not.
-Timing: CUDA events around each call, warm-up first, median of --reps calls.
+Timing: CUDA events around each call, warm-up first, median of --reps calls per candidate, the
+candidates of a row interleaved in 5 round-robin passes (kernels/timing.py).
 TFLOP/s: FLOPs = 4*batch*heads*seqlen^2*hdim (halved if causal); fwd+bwd = 3.5 x fwd.
 Error column: max |ours - fp32 reference| of the forward output on batch 0, heads 0-1
 (the full fp32 reference at 16k would need tens of GB).
@@ -24,7 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels import flash_attn_func
 from kernels.reference import attention_ref
-from kernels.timing import time_ms
+from kernels.timing import time_interleaved_ms
 
 TOKENS, D_MODEL = 16384, 2048
 
@@ -86,17 +87,32 @@ def bench_row(hdim: int, seqlen: int, causal: bool, reps: int, det: bool,
         fns["ours_det"] = impls(causal, deterministic=True)["ours"]
     for name in variants:
         fns[name] = fns["ours"]  # the same op, timed with another kernel selected
+
+    def forward(name, fn):
+        def call():
+            with variant(name), torch.no_grad():
+                return fn(q, k, v)
+        return call
+
+    def forward_backward(name, fn):
+        def call():
+            with variant(name):
+                return torch.autograd.grad(fn(q, k, v), (q, k, v), dout)
+        return call
+
+    runnable = {}
     for name, fn in fns.items():
         try:
-            with variant(name), torch.no_grad():
-                ms = time_ms(lambda: fn(q, k, v), reps)
-            row[f"{name}_fwd"] = flops / ms / 1e9
-            with variant(name):
-                ms = time_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), reps)
-            row[f"{name}_fwdbwd"] = 3.5 * flops / ms / 1e9
+            forward_backward(name, fn)()
+            runnable[name] = fn
         except RuntimeError as e:  # e.g. a backend that refuses the shape
             print(f"  {name} failed: {str(e).splitlines()[0]}")
             row[f"{name}_fwd"] = row[f"{name}_fwdbwd"] = float("nan")
+    fwd_ms = time_interleaved_ms({n: forward(n, fn) for n, fn in runnable.items()}, reps)
+    fb_ms = time_interleaved_ms({n: forward_backward(n, fn) for n, fn in runnable.items()}, reps)
+    for name in runnable:
+        row[f"{name}_fwd"] = flops / fwd_ms[name] / 1e9
+        row[f"{name}_fwdbwd"] = 3.5 * flops / fb_ms[name] / 1e9
     with torch.no_grad():
         qs, ks, vs = (t[:1, :, :2].detach() for t in (q, k, v))
         ref, _ = attention_ref(qs.float(), ks.float(), vs.float(), causal)
