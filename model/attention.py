@@ -41,9 +41,9 @@ def resolve_backend(requested: str, device: torch.device, head_dim: int = 128,
 
     `auto` is our kernel on CUDA (it builds on first use) for bf16/fp16 and head dims up to 128,
     and SDPA otherwise, or where our kernel cannot build or load (the reason is logged). Since
-    session 5 ours is at or above PyTorch's own FlashAttention-2 (SDPA flash) on every row of the
-    kernel sweep, forward and backward (bench/RESULTS.md); SDPA's cuDNN backend is still faster in
-    the Hopper backward, and `model.attention=sdpa` selects it.
+    session 5 ours is at or above PyTorch's own FlashAttention-2 (SDPA flash) over the kernel sweep
+    (head dim 64 forward+backward at parity; bench/RESULTS.md v10); SDPA's cuDNN backend is still
+    faster in the Hopper backward, and `model.attention=sdpa` selects it.
     """
     if requested in ("sdpa", "reference"):
         return requested, "asked for in model.attention"
