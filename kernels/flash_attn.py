@@ -241,7 +241,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     scale = _scale(softmax_scale, d)
     d_pad = _padded_hdim(d)
     out, lse = _attention(_pad(q, d_pad), _pad(k, d_pad), _pad(v, d_pad), None, None,
-                       q.shape[1], k.shape[1], scale, bool(causal), bool(deterministic))
+                          q.shape[1], k.shape[1], scale, bool(causal), bool(deterministic))
     if d_pad != d:
         out = out[..., :d]
     return (out, lse) if return_lse else out
@@ -277,8 +277,8 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     scale = _scale(softmax_scale, d)
     d_pad = _padded_hdim(d)
     out, lse = _attention(_pad(q, d_pad), _pad(k, d_pad), _pad(v, d_pad),
-                       cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
-                       int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), bool(deterministic))
+                          cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
+                          int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), bool(deterministic))
     if d_pad != d:
         out = out[..., :d]
     return (out, lse) if return_lse else out
