@@ -12,6 +12,7 @@
 // Register layouts: the wgmma accumulator of wgmma.h; in S^T / dP^T element 4j + i of this thread
 // is key (its warp's first key) + g + 8(i/2), query 8j + 2t + (i%2).
 #pragma once
+#include <type_traits>
 #include "../flash.h"
 #include "../utils.h"
 #include "wgmma.h"
@@ -42,7 +43,7 @@ __device__ __forceinline__ void issue_st_dpt(float (&s)[32], float (&dp)[32], ui
     for (int ks = 0; ks < D / 16; ++ks) {
         const uint32_t off_kv = (ks / 4) * BN * 128 + (ks % 4) * 32;  // atom column, 32 B per k16
         const uint32_t off_q = (ks / 4) * BM * 128 + (ks % 4) * 32;
-        wgmma_m64n64k16_ss<T, 0, 0>(s, smem_desc(k_rows + off_kv, 16, 1024), smem_desc(q_base + off_q, 16, 1024),
+        wgmma_m64n64k16_ss<T, 0, 0>(s, smem_desc_u18(k_rows + off_kv, 16, 1024), smem_desc_u18(q_base + off_q, 16, 1024),
                                     ks > 0);
     }
     wgmma_commit();
@@ -50,7 +51,7 @@ __device__ __forceinline__ void issue_st_dpt(float (&s)[32], float (&dp)[32], ui
     for (int ks = 0; ks < D / 16; ++ks) {
         const uint32_t off_kv = (ks / 4) * BN * 128 + (ks % 4) * 32;
         const uint32_t off_q = (ks / 4) * BM * 128 + (ks % 4) * 32;
-        wgmma_m64n64k16_ss<T, 0, 0>(dp, smem_desc(v_rows + off_kv, 16, 1024), smem_desc(do_base + off_q, 16, 1024),
+        wgmma_m64n64k16_ss<T, 0, 0>(dp, smem_desc_u18(v_rows + off_kv, 16, 1024), smem_desc_u18(do_base + off_q, 16, 1024),
                                     ks > 0);
     }
     wgmma_commit();
@@ -58,21 +59,33 @@ __device__ __forceinline__ void issue_st_dpt(float (&s)[32], float (&dp)[32], ui
 
 // P^T = exp2(S^T * scale_log2 - LSE * log2 e) in place; masked(key, query) -> 0 where it says so
 // (called only when need_mask). key0: this warp's first key (in the sequence), q0: the block's first
-// query. sL: the block's 64 LSE entries in shared memory.
-template <typename Masked>
+// query. sL: the block's 64 LSE entries in shared memory, already times log2 e when kLseLog2 (the TMA
+// kernel's producer scales them: one FMUL fewer per pair). The unmasked loop is a separate branch so
+// blocks away from the diagonal and the sequence end run no mask arithmetic (the select-based form
+// cost ~200 instructions per warp and block).
+template <bool kLseLog2 = false, typename Masked>
 __device__ __forceinline__ void exp_pt(float (&s)[32], const float *sL, float scale_log2, bool need_mask, int key0,
                                        int q0, int g, int t, Masked masked) {
     constexpr float kLog2e = 1.4426950408889634f;
+    auto exp_all = [&](auto with_mask) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const float2 lse = *reinterpret_cast<const float2 *>(sL + 8 * j + 2 * t);
+        for (int j = 0; j < 8; ++j) {
+            const float2 lse = *reinterpret_cast<const float2 *>(sL + 8 * j + 2 * t);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float l = (i % 2) ? lse.y : lse.x;
-            float p = exp2f(s[4 * j + i] * scale_log2 - l * kLog2e);
-            if (need_mask && masked(key0 + g + 8 * (i / 2), q0 + 8 * j + 2 * t + (i % 2))) p = 0.f;
-            s[4 * j + i] = p;
+            for (int i = 0; i < 4; ++i) {
+                const float l = ((i % 2) ? lse.y : lse.x) * (kLseLog2 ? 1.f : kLog2e);
+                float p = exp2f(fmaf(s[4 * j + i], scale_log2, -l));
+                if constexpr (decltype(with_mask)::value) {
+                    if (masked(key0 + g + 8 * (i / 2), q0 + 8 * j + 2 * t + (i % 2))) p = 0.f;
+                }
+                s[4 * j + i] = p;
+            }
         }
+    };
+    if (need_mask) {
+        exp_all(std::true_type{});
+    } else {
+        exp_all(std::false_type{});
     }
 }
 
@@ -81,7 +94,7 @@ __device__ __forceinline__ void exp_pt(float (&s)[32], const float *sL, float sc
 template <typename T, int D>
 __device__ __forceinline__ void issue_rs_over_queries(float (&acc)[D / 2], const uint32_t (&a)[4][4], uint32_t b_base) {
 #pragma unroll
-    for (int kc = 0; kc < 4; ++kc) wgmma_rs_n<T, D, 1>(acc, a[kc], smem_desc(b_base + kc * 16 * 128, 64 * 128, 1024), true);
+    for (int kc = 0; kc < 4; ++kc) wgmma_rs_n<T, D, 1>(acc, a[kc], smem_desc_u18(b_base + kc * 16 * 128, 64 * 128, 1024), true);
     wgmma_commit();
 }
 
@@ -121,8 +134,8 @@ template <typename T>
 __device__ __forceinline__ void issue_dq(float (&dq)[32], uint32_t ds_base, uint32_t k_cols) {
 #pragma unroll
     for (int kc = 0; kc < 8; ++kc)
-        wgmma_m64n64k16_ss<T, 1, 1>(dq, smem_desc(ds_base + kc * 16 * 128, 128 * 128, 1024),
-                                    smem_desc(k_cols + kc * 16 * 128, 128 * 128, 1024), kc > 0);
+        wgmma_m64n64k16_ss<T, 1, 1>(dq, smem_desc_u18(ds_base + kc * 16 * 128, 128 * 128, 1024),
+                                    smem_desc_u18(k_cols + kc * 16 * 128, 128 * 128, 1024), kc > 0);
     wgmma_commit();
 }
 

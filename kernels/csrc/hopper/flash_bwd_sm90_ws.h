@@ -63,7 +63,10 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     const GridTile tile = grid_tile(params.block_major);
     const int n_block = tile.block;
     const int b = tile.bh / params.h, h = tile.bh % params.h;
-    const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+    // wg and warp through a shuffle: provably warp-uniform, so the compiler keeps what derives from
+    // them (shared-memory addresses, wgmma descriptors) in uniform registers.
+    const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0),
+              warp = __shfl_sync(0xffffffffu, (tid % 128) / 32, 0), lane = tid % 32;
 
     const SeqInfo seq(params, b);
     if (n_block * BN >= seq.sk) return;
@@ -114,7 +117,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
 #pragma unroll
                 for (int i = lane; i < BM; i += 32) {
                     const bool ok = m * BM + i < seq.sq;
-                    sLSE[s * BM + i] = ok ? gp.lse[m * BM + i] : 0.f;
+                    sLSE[s * BM + i] = ok ? gp.lse[m * BM + i] * 1.4426950408889634f : 0.f;  // times log2 e
                     sDsum[s * BM + i] = ok ? gp.dsum[m * BM + i] : 0.f;
                 }
                 mbar_arrive_if(q_full + 8 * s, true);
@@ -181,7 +184,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         wgmma_wait<1>();  // S^T has landed
         const bool need_mask = (Is_causal && n_block * BN + BN - 1 > m * BM + range.causal_off) ||
                                (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk));
-        exp_pt(acc_s, sL, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t, [&](int key, int q) {
+        exp_pt</*kLseLog2=*/true>(acc_s, sL, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t, [&](int key, int q) {
             return key >= seq.sk || q >= seq.sq || (Is_causal && key > q + range.causal_off);
         });
         uint32_t a_p[4][4], a_ds[4][4];
