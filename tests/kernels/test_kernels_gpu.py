@@ -312,10 +312,11 @@ def _launched_kernels(fn) -> list[str]:
 @hopper_only
 @pytest.mark.parametrize("d,causal,varlen", [(128, True, True), (128, False, False), (64, False, False)])
 def test_default_runs_the_warp_specialised_kernels(d, causal, varlen, kernel_path, monkeypatch):
-    """The default Hopper forward (and, for head dim 128, backward) are the TMA kernels, not a silent
-    fallback, and they give the cp.async kernels' results bit for bit: the same wgmma order, only the
-    loads and the synchronisation differ (the backward in deterministic mode, where both add dQ in
-    key-block order)."""
+    """The default Hopper forward and backward are the TMA kernels, not a silent fallback, and they
+    give the cp.async kernels' results bit for bit: the same wgmma order, only the loads and the
+    synchronisation differ (the backward in deterministic mode, where both add dQ in key-block
+    order). Head dim 64 has no cp.async backward: its gradients are compared with the FA2 kernel's
+    within bf16 rounding."""
     if kernel_path != "default":
         pytest.skip("one check per shape")
     torch.manual_seed(next(_seed))
@@ -336,13 +337,15 @@ def test_default_runs_the_warp_specialised_kernels(d, causal, varlen, kernel_pat
 
     names = _launched_kernels(fwd_bwd)
     assert any("flash_fwd_sm90_ws_kernel" in n for n in names), names
-    if d == 128:
-        assert any("flash_bwd_sm90_ws_kernel" in n for n in names), names
+    assert any("flash_bwd_sm90_ws_kernel" in n for n in names), names
     ws = fwd_bwd()
     monkeypatch.setenv("FLASHGPT_SM90_WS", "0")
     assert not any("ws_kernel" in n for n in _launched_kernels(fwd_bwd))
     for name, a, b in zip(("out", "dq", "dk", "dv"), ws, fwd_bwd()):
-        assert torch.equal(a, b), name
+        if d == 64 and name != "out":  # no cp.async backward at head dim 64: FA2's, another summation order
+            torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=name)
+        else:
+            assert torch.equal(a, b), name
 
 
 @pytest.mark.parametrize("d,causal", [(64, True), (128, False), (128, True)])

@@ -3,7 +3,7 @@
 // 9.0a), unless the environment says FLASHGPT_SM90=0 (read on every call, so a benchmark can time
 // both paths in one process: kernels/bench.py --compare-fa2); then per shape class, as the tuning
 // cache says (kernels/tune.py -> set_sm90_choice) or else by the built-in defaults measured in
-// session 4 (kernels/NOTES.md): Hopper for head dim 128 and for the head-dim-64 forward.
+// sessions 4-5 (kernels/NOTES.md): Hopper for head dims 64 and 128, forward and backward.
 #pragma once
 #include <cstdlib>
 #include <cstring>
@@ -47,13 +47,13 @@ inline bool pingpong_forward() {
 enum Pass { kFwd = 0, kBwd = 1 };
 
 inline bool default_choice(Pass pass, int head_dim, int seqlen_k) {
-    (void)seqlen_k;  // session 4 (TMA kernels): the Hopper family wins every seqlen bucket measured
-    return head_dim == 128 || (pass == kFwd && head_dim == 64);
+    (void)pass, (void)seqlen_k;  // sessions 4-5 (TMA kernels): the Hopper family wins every class measured
+    return head_dim == 128 || head_dim == 64;
 }
 
-// The Hopper kernel for this launch? (There is no Hopper backward for head dim 64.)
+// The Hopper kernel for this launch? (Head dims 64 and 128, forward and backward.)
 inline bool use(Pass pass, int head_dim, bool causal, int seqlen_k) {
-    if (!enabled() || (pass == kBwd && head_dim != 128)) return false;
+    if (!enabled() || (head_dim != 64 && head_dim != 128)) return false;
     const int c = sm90_choice(pass, head_dim, causal, seqlen_bucket(seqlen_k));
     return c < 0 ? default_choice(pass, head_dim, seqlen_k) : c == 1;
 }

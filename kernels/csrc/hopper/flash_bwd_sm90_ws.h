@@ -2,27 +2,30 @@
 // memory traffic moved off the consumer warpgroups -- TMA loads of K, V, Q, dO, and dQ added to the
 // fp32 accumulator by bulk reduce-adds from shared memory instead of per-thread atomics.
 //
-// Block: one key block of 128 keys of one (batch, head); 3 warpgroups (384 threads).
+// Head dims 64 and 128 (template D). Block: one key block of 128 keys of one (batch, head); 3
+// warpgroups (384 threads).
 //   Warpgroup 0, the producer (setmaxnreg 24): warp 0 lane 0 issues the TMA loads (K and V once;
 //   Q and dO of each query block into a 2-slot ring); warp 1 copies each block's 64 LSE and D
 //   entries into the ring (zero past the sequence); warp 2 adds each block's dQ from shared memory
 //   to dq_accum with cp.reduce.async.bulk, one 512-byte row per instruction (in key-block order
 //   if deterministic).
 //   Warpgroups 1 and 2, the consumers (setmaxnreg 240), own keys 0..63 and 64..127 and run the
-//   per-query-block steps of bwd_consumer.h; they meet once per block at a named barrier (both
-//   halves of dS^T are needed by dQ), never at a block-wide one.
+//   per-query-block steps of bwd_consumer.h; at head dim 128 they meet once per block at a named
+//   barrier (both halves of dS^T are needed by each one's half of dQ), never at a block-wide one;
+//   at head dim 64 one of them computes the block's whole dQ, the two taking turns.
 // Synchronisation (mbarriers, tma.h; parities as in flash_fwd_sm90_ws.h):
 //   kv_full: K and V landed (1 arrival + bytes).  q_full[s]: Q, dO (1 arrival + bytes) and LSE, D
 //   (32 arrivals, warp 1) of slot s.  q_empty[s]: 256 consumer arrivals once slot s is read.
-//   dq_full: 256 consumer arrivals once the block's dQ is in shared memory; dq_empty: 1 arrival
+//   dq_full: 256 (head dim 64: 128) consumer arrivals once the block's dQ is in shared memory; dq_empty: 1 arrival
 //   from warp 2 once the bulk unit has read it.  dS^T is double-buffered: the named barrier of
 //   block it is passed only after both warpgroups finished dQ of block it-1, so writing buffer
 //   (it+1) % 2 = (it-1) % 2 after it is safe.
 // Ragged edges: TMA zero-fills rows past a tensor's end but, packed (varlen), reads the next
 // sequence's rows; P^T is therefore masked to 0 for keys >= sk and queries >= sq, which zeroes their
 // dS^T too (dQ/dK/dV rows past the sequence are never written).
-// Shared memory (bytes): K, V 32 K each; Q, dO 2 x 16 K each; dS^T 2 x 16 K; dQ 64 rows x 528
-// (fp32, rows padded by 16 bytes against bank conflicts); LSE, D 2 x 256 each; barriers: 194 KB.
+// Shared memory at head dim 128 (BwsSmem): K, V 32 K each; Q, dO 2 x 16 K each; dS^T 2 x 16 K; dQ 64
+// rows x 528 (fp32, rows padded by 16 bytes against bank conflicts); LSE, D 2 x 256 each; barriers:
+// 194 KB (head dim 64: 114 KB).
 #pragma once
 #include <type_traits>
 #include "../flash.h"
@@ -40,24 +43,33 @@ struct BwdTmaMaps {
     CUtensorMap q, k, v, dO;  // make_tile_map(): boxes of 64 columns x 64 (q, dO) / 128 (k, v) rows
 };
 
-constexpr int kBwsThreads = 384, kBwsBM = 64, kBwsBN = 128, kBwsD = 128;
-constexpr int kBwsKV = kBwsBN * kBwsD * 2, kBwsQ = kBwsBM * kBwsD * 2, kBwsDS = kBwsBN * kBwsBM * 2;
-constexpr int kBwsDQRow = kBwsD * 4 + 16;  // padded fp32 dQ row
-constexpr int kBwsOffV = kBwsKV, kBwsOffQ = 2 * kBwsKV, kBwsOffDO = kBwsOffQ + 2 * kBwsQ,
-              kBwsOffDS = kBwsOffDO + 2 * kBwsQ, kBwsOffDQ = kBwsOffDS + 2 * kBwsDS,
-              kBwsOffStats = kBwsOffDQ + kBwsBM * kBwsDQRow,  // LSE[2][64], D[2][64]
-    kBwsOffBar = kBwsOffStats + 4 * kBwsBM * 4, kBwsSmemBytes = kBwsOffBar + 7 * 8;
+constexpr int kBwsThreads = 384, kBwsBM = 64, kBwsBN = 128;
+constexpr int kBwsDS = kBwsBN * kBwsBM * 2;  // one dS^T buffer
 
-template <typename T, bool Is_causal, bool Is_even>
+// Shared-memory layout at head dim D (64 or 128), byte offsets; every tile 1024-aligned (128B swizzle).
+template <int D>
+struct BwsSmem {
+    static constexpr int KV = kBwsBN * D * 2, Q = kBwsBM * D * 2;  // one K / V tile, one Q / dO slot
+    static constexpr int DQRow = D * 4 + 16;                        // fp32 dQ row, padded (bank conflicts)
+    static constexpr int V = KV, Qs = 2 * KV, dO = Qs + 2 * Q, dS = dO + 2 * Q, dQ = dS + 2 * kBwsDS;
+    static constexpr int stats = dQ + kBwsBM * DQRow;  // LSE[2][64], D[2][64]
+    static constexpr int bars = stats + 4 * kBwsBM * 4, bytes = bars + 7 * 8;
+};
+
+template <typename T, int D, bool Is_causal, bool Is_even>
 __global__ void __launch_bounds__(kBwsThreads, 1)
     flash_bwd_sm90_ws_kernel(const __grid_constant__ Flash_bwd_params params, const __grid_constant__ BwdTmaMaps maps) {
 #ifdef FLASHGPT_WGMMA_ENABLED
-    constexpr int BM = kBwsBM, BN = kBwsBN, D = kBwsD;
+    constexpr int BM = kBwsBM, BN = kBwsBN;
+    // Head dim 64: one consumer warpgroup computes a block's whole dQ (64 x 64), the two taking turns
+    // (block parity); head dim 128: each computes a 64-column half every block (see the dQ step).
+    constexpr bool kAltDq = D == 64;
+    using L = BwsSmem<D>;
     extern __shared__ __align__(1024) uint8_t smem[];
     const uint32_t s0 = smem_u32(smem);
-    const uint32_t sK = s0, sV = s0 + kBwsOffV, sQ = s0 + kBwsOffQ, sdO = s0 + kBwsOffDO, sdQ = s0 + kBwsOffDQ;
-    float *sLSE = reinterpret_cast<float *>(smem + kBwsOffStats), *sDsum = sLSE + 2 * BM;
-    const uint32_t kv_full = s0 + kBwsOffBar, q_full = kv_full + 8, q_empty = q_full + 16, dq_full = q_empty + 16,
+    const uint32_t sK = s0, sV = s0 + L::V, sQ = s0 + L::Qs, sdO = s0 + L::dO, sdQ = s0 + L::dQ;
+    float *sLSE = reinterpret_cast<float *>(smem + L::stats), *sDsum = sLSE + 2 * BM;
+    const uint32_t kv_full = s0 + L::bars, q_full = kv_full + 8, q_empty = q_full + 16, dq_full = q_empty + 16,
                    dq_empty = dq_full + 8;
 
     const GridTile tile = grid_tile(params.block_major);
@@ -79,7 +91,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             mbar_init(q_full + 8 * s, 1 + 32);
             mbar_init(q_empty + 8 * s, 256);
         }
-        mbar_init(dq_full, 256);
+        mbar_init(dq_full, kAltDq ? 128 : 256);  // the consumer threads that write a block's dQ
         mbar_init(dq_empty, 1);
         mbar_init_fence();
     }
@@ -95,18 +107,18 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             const bool varlen = params.cu_seqlens_q != nullptr;
             const int batch = varlen ? 0 : b, h_k = h / params.h_h_k_ratio;
             const int k_row = (varlen ? seq.k_start : 0) + n_block * BN, q_row0 = varlen ? seq.q_start : 0;
-            mbar_arrive_expect_tx(kv_full, 2 * kBwsKV);
-            for (int c = 0; c < 2; ++c) {
+            mbar_arrive_expect_tx(kv_full, 2 * L::KV);
+            for (int c = 0; c < D / 64; ++c) {  // 64-column atom columns
                 tma_load_4d(sK + c * BN * 128, &maps.k, kv_full, c * 64, k_row, h_k, batch);
                 tma_load_4d(sV + c * BN * 128, &maps.v, kv_full, c * 64, k_row, h_k, batch);
             }
             for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
                 const int s = it & 1;
                 mbar_wait(q_empty + 8 * s, ((it >> 1) & 1) ^ 1);
-                mbar_arrive_expect_tx(q_full + 8 * s, 2 * kBwsQ);
-                for (int c = 0; c < 2; ++c) {
-                    tma_load_4d(sQ + s * kBwsQ + c * BM * 128, &maps.q, q_full + 8 * s, c * 64, q_row0 + m * BM, h, batch);
-                    tma_load_4d(sdO + s * kBwsQ + c * BM * 128, &maps.dO, q_full + 8 * s, c * 64, q_row0 + m * BM, h,
+                mbar_arrive_expect_tx(q_full + 8 * s, 2 * L::Q);
+                for (int c = 0; c < D / 64; ++c) {  // 64-column atom columns
+                    tma_load_4d(sQ + s * L::Q + c * BM * 128, &maps.q, q_full + 8 * s, c * 64, q_row0 + m * BM, h, batch);
+                    tma_load_4d(sdO + s * L::Q + c * BM * 128, &maps.dO, q_full + 8 * s, c * 64, q_row0 + m * BM, h,
                                 batch);
                 }
             }
@@ -138,7 +150,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
 #pragma unroll
                 for (int r = lane; r < BM; r += 32) {
                     const int q = m * BM + r;
-                    if (q < seq.sq) bulk_reduce_add_f32(gp.dq + int64_t(q) * gp.dq_row_stride, sdQ + r * kBwsDQRow, D * 4);
+                    if (q < seq.sq) bulk_reduce_add_f32(gp.dq + int64_t(q) * gp.dq_row_stride, sdQ + r * L::DQRow, D * 4);
                 }
                 bulk_commit();
                 if (params.deterministic) {
@@ -174,9 +186,9 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
         const int s = it & 1;
         mbar_wait(q_full + 8 * s, (it >> 1) & 1);
-        const uint32_t q_base = sQ + s * kBwsQ, do_base = sdO + s * kBwsQ;
+        const uint32_t q_base = sQ + s * L::Q, do_base = sdO + s * L::Q;
         const float *sL = sLSE + s * BM, *sDs = sDsum + s * BM;
-        uint8_t *sdS = smem + kBwsOffDS + s * kBwsDS;
+        uint8_t *sdS = smem + L::dS + s * kBwsDS;
 
         float acc_s[32], acc_dp[32];
         wgmma_fence();
@@ -196,20 +208,42 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         wgmma_fence();
         issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
         store_dst(sdS, a_ds, key_row0, g, t);
-        fence_async_smem();          // dS^T stores -> visible to wgmma
-        named_barrier_sync(1, 256);  // both consumer warpgroups' halves of dS^T are in
-
-        float acc_dq[32];
-        wgmma_fence();
-        issue_dq<T>(acc_dq, smem_u32(sdS), k_cols);
-        wgmma_wait<0>();  // dQ, dV and dK of this block: slot s is read
-        mbar_arrive_if(q_empty + 8 * s, true);
-
-        // dQ (query rows warp*16 + g (+8), head-dim columns 64cw + 8j + 2t) -> shared memory, fp32
-        mbar_wait(dq_empty, (it & 1) ^ 1);
-        store_acc_rows<8>(smem + kBwsOffDQ, kBwsDQRow, acc_dq, cw * 64, warp, g, t);
-        fence_async_smem();  // -> visible to the bulk unit
-        mbar_arrive_if(dq_full, true);
+        fence_async_smem();  // dS^T stores -> visible to wgmma
+        if constexpr (kAltDq) {
+            // Block it's dQ (64 q x 64 d = dS K over the 128 keys) is warpgroup (it & 1)'s: it waits for
+            // the other half of dS^T at named barrier 1 + (it & 1); the other only arrives there and
+            // goes on to the next block. Barrier 1 serves even blocks, 2 odd ones; neither warpgroup
+            // can get two blocks ahead (each waits on the other every second block), so no barrier sees
+            // a second round's arrivals early; dS^T slot (it & 1) is rewritten at block it + 2 only
+            // after its writer passed block it + 1's barrier, i.e. after block it's dQ read it.
+            const int owner = it & 1;
+            if (cw == owner) named_barrier_sync(1 + owner, 256);
+            else named_barrier_arrive(1 + owner, 256);
+            wgmma_wait<0>();  // dV and dK of this block: slot s is read
+            mbar_arrive_if(q_empty + 8 * s, true);
+            if (cw == owner) {
+                float acc_dq[32];
+                wgmma_fence();
+                issue_dq<T>(acc_dq, smem_u32(sdS), sK);  // atom column 0 = all 64 head-dim columns
+                wgmma_wait<0>();
+                mbar_wait(dq_empty, (it & 1) ^ 1);  // the bulk unit has read block it-1's dQ
+                store_acc_rows<8>(smem + L::dQ, L::DQRow, acc_dq, 0, warp, g, t);
+                fence_async_smem();  // -> visible to the bulk unit
+                mbar_arrive_if(dq_full, true);
+            }
+        } else {
+            named_barrier_sync(1, 256);  // both consumer warpgroups' halves of dS^T are in
+            float acc_dq[32];
+            wgmma_fence();
+            issue_dq<T>(acc_dq, smem_u32(sdS), k_cols);
+            wgmma_wait<0>();  // dQ, dV and dK of this block: slot s is read
+            mbar_arrive_if(q_empty + 8 * s, true);
+            // dQ (query rows warp*16 + g (+8), head-dim columns 64cw + 8j + 2t) -> shared memory, fp32
+            mbar_wait(dq_empty, (it & 1) ^ 1);
+            store_acc_rows<8>(smem + L::dQ, L::DQRow, acc_dq, cw * 64, warp, g, t);
+            fence_async_smem();  // -> visible to the bulk unit
+            mbar_arrive_if(dq_full, true);
+        }
     }
     store_dk_dv<T, D>(params, gp.dk, gp.dv, acc_dk, acc_dv, key_row0, range.keys_left, g, t);
 #else
@@ -220,12 +254,12 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
 }  // namespace sm90
 }  // namespace flash
 
-// Launches the warp-specialised backward (head dim 128); false (nothing launched) when a tensor
-// breaks a TMA rule (tma.h make_tile_map) -- the caller then runs the cp.async kernel.
-template <typename T, bool Is_causal>
+// Launches the warp-specialised backward (head dim D = 64 or 128); false (nothing launched) when a
+// tensor breaks a TMA rule (tma.h make_tile_map) -- the caller then runs another kernel.
+template <typename T, int D, bool Is_causal>
 bool run_flash_bwd_sm90_ws(Flash_bwd_params &params, cudaStream_t stream) {
     using namespace flash::sm90;
-    constexpr int D = kBwsD;
+    static_assert(D == 64 || D == 128, "the TMA backward is built for head dims 64 and 128");
     const bool varlen = params.cu_seqlens_q != nullptr, bf16 = std::is_same_v<T, __nv_bfloat16>;
     const int64_t batch = varlen ? 1 : params.b;
     const int64_t q_rows = varlen ? params.total_q : params.seqlen_q, k_rows = varlen ? params.total_k : params.seqlen_k;
@@ -242,9 +276,10 @@ bool run_flash_bwd_sm90_ws(Flash_bwd_params &params, cudaStream_t stream) {
     const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_k, kBwsBN));
     const bool is_even = !varlen && params.seqlen_q % kBwsBM == 0 && params.seqlen_k % kBwsBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
-        auto kernel = &flash_bwd_sm90_ws_kernel<T, Is_causal, Is_even>;
-        FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBwsSmemBytes));
-        kernel<<<grid, kBwsThreads, kBwsSmemBytes, stream>>>(params, maps);
+        auto kernel = &flash_bwd_sm90_ws_kernel<T, D, Is_causal, Is_even>;
+        constexpr int smem = BwsSmem<D>::bytes;
+        FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        kernel<<<grid, kBwsThreads, smem, stream>>>(params, maps);
         FLASH_KERNEL_LAUNCH_CHECK();
     });
     return true;
