@@ -98,6 +98,19 @@ __device__ __forceinline__ void issue_rs_over_queries(float (&acc)[D / 2], const
     wgmma_commit();
 }
 
+// As issue_rs_over_queries with A from shared memory: a_rows is this warpgroup's 64 rows (keys) of a
+// swizzled 128-key x 64-query tile (P^T or dS^T, queries contiguous: K-major). The head-dim-64
+// backward uses it for dV and dK: a register-A wgmma with N = 64 runs at ~42% of the tensor rate
+// when one warpgroup issues it (session 6 microbenchmark), the shared-memory form at 100%.
+template <typename T, int D>
+__device__ __forceinline__ void issue_ss_over_queries(float (&acc)[D / 2], uint32_t a_rows, uint32_t b_base) {
+    static_assert(D == 64, "used at head dim 64");
+    const uint64_t da = smem_desc_u18(a_rows, 16, 1024), db = smem_desc_u18(b_base, 64 * 128, 1024);
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) wgmma_m64n64k16_ss<T, 0, 1>(acc, desc_at(da, kc * 32), desc_at(db, kc * 16 * 128), true);
+    wgmma_commit();
+}
+
 // dS^T = P^T o (dP^T - D) straight into A fragments; P^T read back from its 16-bit fragments (the
 // fp32 copy is dead by then: 32 registers fewer at the peak). sDs: the block's 64 D entries.
 template <typename T>

@@ -51,9 +51,16 @@ inline bool default_choice(Pass pass, int head_dim, int seqlen_k) {
     return head_dim == 128 || head_dim == 64;
 }
 
+// The FA2 backward with the Hopper forward when FLASHGPT_SM90_BWD=0 (read on every call; kernels/bench.py
+// --compare-fa2bwd times the backward families under one forward).
+inline bool hopper_backward() {
+    const char *env = std::getenv("FLASHGPT_SM90_BWD");
+    return !(env != nullptr && std::strcmp(env, "0") == 0);
+}
+
 // The Hopper kernel for this launch? (Head dims 64 and 128, forward and backward.)
 inline bool use(Pass pass, int head_dim, bool causal, int seqlen_k) {
-    if (!enabled() || (head_dim != 64 && head_dim != 128)) return false;
+    if (!enabled() || (head_dim != 64 && head_dim != 128) || (pass == kBwd && !hopper_backward())) return false;
     const int c = sm90_choice(pass, head_dim, causal, seqlen_bucket(seqlen_k));
     return c < 0 ? default_choice(pass, head_dim, seqlen_k) : c == 1;
 }

@@ -51,7 +51,9 @@ template <int D>
 struct BwsSmem {
     static constexpr int KV = kBwsBN * D * 2, Q = kBwsBM * D * 2;  // one K / V tile, one Q / dO slot
     static constexpr int DQRow = D * 4 + 16;                        // fp32 dQ row, padded (bank conflicts)
-    static constexpr int V = KV, Qs = 2 * KV, dO = Qs + 2 * Q, dS = dO + 2 * Q, dQ = dS + 2 * kBwsDS;
+    // P: P^T (128 keys x 64 queries) for the shared-memory dV product at head dim 64 (none at 128).
+    static constexpr int V = KV, Qs = 2 * KV, dO = Qs + 2 * Q, dS = dO + 2 * Q, P = dS + 2 * kBwsDS,
+                         dQ = P + (D == 64 ? kBwsDS : 0);
     static constexpr int stats = dQ + kBwsBM * DQRow;  // LSE[2][64], D[2][64]
     static constexpr int bars = stats + 4 * kBwsBM * 4, bytes = bars + 7 * 8;
 };
@@ -64,6 +66,9 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     // Head dim 64: one consumer warpgroup computes a block's whole dQ (64 x 64), the two taking turns
     // (block parity); head dim 128: each computes a 64-column half every block (see the dQ step).
     constexpr bool kAltDq = D == 64;
+    // Head dim 64: dV and dK as shared-memory products (P^T and dS^T stored first; see
+    // issue_ss_over_queries), head dim 128: register-A products.
+    constexpr bool kSsDkv = D == 64;
     using L = BwsSmem<D>;
     extern __shared__ __align__(1024) uint8_t smem[];
     const uint32_t s0 = smem_u32(smem);
@@ -201,14 +206,30 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         });
         uint32_t a_p[4][4], a_ds[4][4];
         to_a_fragments<T>(acc_s, a_p);
-        wgmma_fence();
-        issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
+        if constexpr (kSsDkv) {  // P^T through shared memory: this warpgroup's rows, then dV (SS)
+            store_dst(smem + L::P, a_p, key_row0, g, t);
+            fence_async_smem();
+            named_barrier_sync(3 + cw, 128);  // all four warps' P^T rows are in
+            wgmma_fence();
+            issue_ss_over_queries<T, D>(acc_dv, s0 + L::P + cw * 64 * 128, do_base);
+        } else {
+            wgmma_fence();
+            issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
+        }
         wgmma_wait<1>();  // dP^T has landed (dV may still run)
         make_dst<T>(a_p, acc_s, acc_dp, sDs, t, a_ds);
-        wgmma_fence();
-        issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
-        store_dst(sdS, a_ds, key_row0, g, t);
-        fence_async_smem();  // dS^T stores -> visible to wgmma
+        if constexpr (kSsDkv) {  // dS^T rows in, then dK (SS) from them
+            store_dst(sdS, a_ds, key_row0, g, t);
+            fence_async_smem();
+            named_barrier_sync(3 + cw, 128);
+            wgmma_fence();
+            issue_ss_over_queries<T, D>(acc_dk, smem_u32(sdS) + cw * 64 * 128, q_base);
+        } else {
+            wgmma_fence();
+            issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
+            store_dst(sdS, a_ds, key_row0, g, t);
+            fence_async_smem();  // dS^T stores -> visible to wgmma
+        }
         if constexpr (kAltDq) {
             // Block it's dQ (64 q x 64 d = dS K over the 128 keys) is warpgroup (it & 1)'s: it waits for
             // the other half of dS^T at named barrier 1 + (it & 1); the other only arrives there and
