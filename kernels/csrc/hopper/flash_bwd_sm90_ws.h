@@ -43,33 +43,26 @@ struct BwdTmaMaps {
     CUtensorMap q, k, v, dO;  // make_tile_map(): boxes of 64 columns x 64 (q, dO) / 128 (k, v) rows
 };
 
-constexpr int kBwsThreads = 384, kBwsBM = 64, kBwsBN = 128;
-constexpr int kBwsDS = kBwsBN * kBwsBM * 2;  // one dS^T buffer
+constexpr int kBwsThreads = 384, kBwsBN = 128;
 
 // Shared-memory layout at head dim D (64 or 128), byte offsets; every tile 1024-aligned (128B swizzle).
 template <int D>
 struct BwsSmem {
-    static constexpr int KV = kBwsBN * D * 2, Q = kBwsBM * D * 2;  // one K / V tile, one Q / dO slot
-    static constexpr int DQRow = D * 4 + 16;                        // fp32 dQ row, padded (bank conflicts)
-    // P: P^T (128 keys x 64 queries) for the shared-memory dV product at head dim 64 (none at 128).
-    static constexpr int V = KV, Qs = 2 * KV, dO = Qs + 2 * Q, dS = dO + 2 * Q, P = dS + 2 * kBwsDS,
-                         dQ = P + (D == 64 ? kBwsDS : 0);
-    static constexpr int stats = dQ + kBwsBM * DQRow;  // LSE[2][64], D[2][64]
-    static constexpr int bars = stats + 4 * kBwsBM * 4, bytes = bars + 7 * 8;
+    static constexpr int BM = D == 64 ? 128 : 64;                // queries per block (step)
+    static constexpr int KV = kBwsBN * D * 2, Q = BM * D * 2;    // one K / V tile, one Q / dO slot
+    static constexpr int DS = kBwsBN * BM * 2;                   // one dS^T buffer (head dim 64: P^T first)
+    static constexpr int DQRow = D * 4 + 16;                     // fp32 dQ row, padded (bank conflicts)
+    static constexpr int V = KV, Qs = 2 * KV, dO = Qs + 2 * Q, dS = dO + 2 * Q, dQ = dS + 2 * DS;
+    static constexpr int stats = dQ + BM * DQRow;  // LSE[2][BM], D[2][BM]
+    static constexpr int bars = stats + 4 * BM * 4, bytes = bars + 7 * 8;
 };
 
 template <typename T, int D, bool Is_causal, bool Is_even>
 __global__ void __launch_bounds__(kBwsThreads, 1)
     flash_bwd_sm90_ws_kernel(const __grid_constant__ Flash_bwd_params params, const __grid_constant__ BwdTmaMaps maps) {
 #ifdef FLASHGPT_WGMMA_ENABLED
-    constexpr int BM = kBwsBM, BN = kBwsBN;
-    // Head dim 64: one consumer warpgroup computes a block's whole dQ (64 x 64), the two taking turns
-    // (block parity); head dim 128: each computes a 64-column half every block (see the dQ step).
-    constexpr bool kAltDq = D == 64;
-    // Head dim 64: dV and dK as shared-memory products (P^T and dS^T stored first; see
-    // issue_ss_over_queries), head dim 128: register-A products.
-    constexpr bool kSsDkv = D == 64;
     using L = BwsSmem<D>;
+    constexpr int BM = L::BM, BN = kBwsBN;
     extern __shared__ __align__(1024) uint8_t smem[];
     const uint32_t s0 = smem_u32(smem);
     const uint32_t sK = s0, sV = s0 + L::V, sQ = s0 + L::Qs, sdO = s0 + L::dO, sdQ = s0 + L::dQ;
@@ -96,7 +89,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             mbar_init(q_full + 8 * s, 1 + 32);
             mbar_init(q_empty + 8 * s, 256);
         }
-        mbar_init(dq_full, kAltDq ? 128 : 256);  // the consumer threads that write a block's dQ
+        mbar_init(dq_full, 256);
         mbar_init(dq_empty, 1);
         mbar_init_fence();
     }
@@ -188,12 +181,65 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     for (int i = 0; i < D / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
 
     mbar_wait(kv_full, 0);
+    if constexpr (D == 64) {
+        // Head dim 64, 128 queries per block: per block a warpgroup's products are half as long as at
+        // head dim 128 while its elementwise work and fixed costs are not, so the block is twice as
+        // wide (S^T, dP^T m64n128). dV and dK read P^T and dS^T from shared memory (a register-A
+        // wgmma with N = 64 runs at ~42% of the tensor rate from one warpgroup: session 6); P^T goes
+        // to this block's dS^T buffer (this warpgroup's 64 key rows) and, once dV has read it, dS^T
+        // overwrites it. Each warpgroup computes dQ for its 64 of the block's 128 queries (all 128
+        // keys, both halves of dS^T: the named barrier). Buffer (it + 1) % 2 is written at block it + 1
+        // only after its writer passed block it's barrier, i.e. after both finished dQ of block it - 1.
+        for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
+            const int s = it & 1;
+            mbar_wait(q_full + 8 * s, (it >> 1) & 1);
+            const uint32_t q_base = sQ + s * L::Q, do_base = sdO + s * L::Q;
+            const float *sL = sLSE + s * BM, *sDs = sDsum + s * BM;
+            uint8_t *sdS = smem + L::dS + s * L::DS;
+            const uint32_t ds_rows = s0 + L::dS + s * L::DS + cw * 64 * 128;  // this warpgroup's key rows
+
+            float acc_s[BM / 2], acc_dp[BM / 2];
+            wgmma_fence();
+            issue_st_dpt<T, D>(acc_s, acc_dp, k_rows, v_rows, q_base, do_base);
+            wgmma_wait<1>();  // S^T has landed
+            const bool need_mask = (Is_causal && n_block * BN + BN - 1 > m * BM + range.causal_off) ||
+                                   (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk));
+            exp_pt</*kLseLog2=*/true>(acc_s, sL, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t,
+                                      [&](int key, int q) {
+                                          return key >= seq.sk || q >= seq.sq || (Is_causal && key > q + range.causal_off);
+                                      });
+            uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
+            to_a_fragments<T>(acc_s, a_p);
+            store_dst(sdS, a_p, key_row0, g, t);  // P^T
+            fence_async_smem();
+            named_barrier_sync(3 + cw, 128);  // this warpgroup's four warps' P^T rows are in
+            wgmma_fence();
+            issue_ss_over_queries<T, D, BM>(acc_dv, ds_rows, do_base);
+            wgmma_wait<1>();  // dP^T has landed (dV may still run)
+            make_dst<T>(a_p, acc_s, acc_dp, sDs, t, a_ds);
+            wgmma_wait<0>();  // dV has read P^T: its rows take dS^T
+            store_dst(sdS, a_ds, key_row0, g, t);
+            fence_async_smem();          // dS^T stores -> visible to wgmma
+            named_barrier_sync(1, 256);  // both warpgroups' halves of dS^T are in
+
+            float acc_dq[32];
+            wgmma_fence();
+            issue_ss_over_queries<T, D, BM>(acc_dk, ds_rows, q_base);
+            issue_dq<T>(acc_dq, smem_u32(sdS) + cw * BN * 128, sK);  // queries 64cw.. : atom column cw
+            wgmma_wait<0>();  // dK and dQ of this block: slot s is read
+            mbar_arrive_if(q_empty + 8 * s, true);
+            mbar_wait(dq_empty, (it & 1) ^ 1);
+            store_acc_rows<8>(smem + L::dQ + cw * 64 * L::DQRow, L::DQRow, acc_dq, 0, warp, g, t);
+            fence_async_smem();  // -> visible to the bulk unit
+            mbar_arrive_if(dq_full, true);
+        }
+    } else
     for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
         const int s = it & 1;
         mbar_wait(q_full + 8 * s, (it >> 1) & 1);
         const uint32_t q_base = sQ + s * L::Q, do_base = sdO + s * L::Q;
         const float *sL = sLSE + s * BM, *sDs = sDsum + s * BM;
-        uint8_t *sdS = smem + L::dS + s * kBwsDS;
+        uint8_t *sdS = smem + L::dS + s * L::DS;
 
         float acc_s[32], acc_dp[32];
         wgmma_fence();
@@ -206,65 +252,27 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         });
         uint32_t a_p[4][4], a_ds[4][4];
         to_a_fragments<T>(acc_s, a_p);
-        if constexpr (kSsDkv) {  // P^T through shared memory: this warpgroup's rows, then dV (SS)
-            store_dst(smem + L::P, a_p, key_row0, g, t);
-            fence_async_smem();
-            named_barrier_sync(3 + cw, 128);  // all four warps' P^T rows are in
-            wgmma_fence();
-            issue_ss_over_queries<T, D>(acc_dv, s0 + L::P + cw * 64 * 128, do_base);
-        } else {
-            wgmma_fence();
-            issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
-        }
+        wgmma_fence();
+        issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
         wgmma_wait<1>();  // dP^T has landed (dV may still run)
         make_dst<T>(a_p, acc_s, acc_dp, sDs, t, a_ds);
-        if constexpr (kSsDkv) {  // dS^T rows in, then dK (SS) from them
-            store_dst(sdS, a_ds, key_row0, g, t);
-            fence_async_smem();
-            named_barrier_sync(3 + cw, 128);
-            wgmma_fence();
-            issue_ss_over_queries<T, D>(acc_dk, smem_u32(sdS) + cw * 64 * 128, q_base);
-        } else {
-            wgmma_fence();
-            issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
-            store_dst(sdS, a_ds, key_row0, g, t);
-            fence_async_smem();  // dS^T stores -> visible to wgmma
-        }
-        if constexpr (kAltDq) {
-            // Block it's dQ (64 q x 64 d = dS K over the 128 keys) is warpgroup (it & 1)'s: it waits for
-            // the other half of dS^T at named barrier 1 + (it & 1); the other only arrives there and
-            // goes on to the next block. Barrier 1 serves even blocks, 2 odd ones; neither warpgroup
-            // can get two blocks ahead (each waits on the other every second block), so no barrier sees
-            // a second round's arrivals early; dS^T slot (it & 1) is rewritten at block it + 2 only
-            // after its writer passed block it + 1's barrier, i.e. after block it's dQ read it.
-            const int owner = it & 1;
-            if (cw == owner) named_barrier_sync(1 + owner, 256);
-            else named_barrier_arrive(1 + owner, 256);
-            wgmma_wait<0>();  // dV and dK of this block: slot s is read
-            mbar_arrive_if(q_empty + 8 * s, true);
-            if (cw == owner) {
-                float acc_dq[32];
-                wgmma_fence();
-                issue_dq<T>(acc_dq, smem_u32(sdS), sK);  // atom column 0 = all 64 head-dim columns
-                wgmma_wait<0>();
-                mbar_wait(dq_empty, (it & 1) ^ 1);  // the bulk unit has read block it-1's dQ
-                store_acc_rows<8>(smem + L::dQ, L::DQRow, acc_dq, 0, warp, g, t);
-                fence_async_smem();  // -> visible to the bulk unit
-                mbar_arrive_if(dq_full, true);
-            }
-        } else {
-            named_barrier_sync(1, 256);  // both consumer warpgroups' halves of dS^T are in
-            float acc_dq[32];
-            wgmma_fence();
-            issue_dq<T>(acc_dq, smem_u32(sdS), k_cols);
-            wgmma_wait<0>();  // dQ, dV and dK of this block: slot s is read
-            mbar_arrive_if(q_empty + 8 * s, true);
-            // dQ (query rows warp*16 + g (+8), head-dim columns 64cw + 8j + 2t) -> shared memory, fp32
-            mbar_wait(dq_empty, (it & 1) ^ 1);
-            store_acc_rows<8>(smem + L::dQ, L::DQRow, acc_dq, cw * 64, warp, g, t);
-            fence_async_smem();  // -> visible to the bulk unit
-            mbar_arrive_if(dq_full, true);
-        }
+        wgmma_fence();
+        issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
+        store_dst(sdS, a_ds, key_row0, g, t);
+        fence_async_smem();          // dS^T stores -> visible to wgmma
+        named_barrier_sync(1, 256);  // both consumer warpgroups' halves of dS^T are in
+
+        float acc_dq[32];
+        wgmma_fence();
+        issue_dq<T>(acc_dq, smem_u32(sdS), k_cols);
+        wgmma_wait<0>();  // dQ, dV and dK of this block: slot s is read
+        mbar_arrive_if(q_empty + 8 * s, true);
+
+        // dQ (query rows warp*16 + g (+8), head-dim columns 64cw + 8j + 2t) -> shared memory, fp32
+        mbar_wait(dq_empty, (it & 1) ^ 1);
+        store_acc_rows<8>(smem + L::dQ, L::DQRow, acc_dq, cw * 64, warp, g, t);
+        fence_async_smem();  // -> visible to the bulk unit
+        mbar_arrive_if(dq_full, true);
     }
     store_dk_dv<T, D>(params, gp.dk, gp.dv, acc_dk, acc_dv, key_row0, range.keys_left, g, t);
 #else
@@ -286,16 +294,16 @@ bool run_flash_bwd_sm90_ws(Flash_bwd_params &params, cudaStream_t stream) {
     const int64_t q_rows = varlen ? params.total_q : params.seqlen_q, k_rows = varlen ? params.total_k : params.seqlen_k;
     BwdTmaMaps maps;
     if (!make_tile_map(&maps.q, params.q_ptr, bf16, D, q_rows, params.h, batch, params.q_row_stride,
-                       params.q_head_stride, params.q_batch_stride, kBwsBM) ||
+                       params.q_head_stride, params.q_batch_stride, BwsSmem<D>::BM) ||
         !make_tile_map(&maps.dO, params.do_ptr, bf16, D, q_rows, params.h, batch, params.do_row_stride,
-                       params.do_head_stride, params.do_batch_stride, kBwsBM) ||
+                       params.do_head_stride, params.do_batch_stride, BwsSmem<D>::BM) ||
         !make_tile_map(&maps.k, params.k_ptr, bf16, D, k_rows, params.h_k, batch, params.k_row_stride,
                        params.k_head_stride, params.k_batch_stride, kBwsBN) ||
         !make_tile_map(&maps.v, params.v_ptr, bf16, D, k_rows, params.h_k, batch, params.v_row_stride,
                        params.v_head_stride, params.v_batch_stride, kBwsBN))
         return false;
     const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_k, kBwsBN));
-    const bool is_even = !varlen && params.seqlen_q % kBwsBM == 0 && params.seqlen_k % kBwsBN == 0;
+    const bool is_even = !varlen && params.seqlen_q % BwsSmem<D>::BM == 0 && params.seqlen_k % kBwsBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
         auto kernel = &flash_bwd_sm90_ws_kernel<T, D, Is_causal, Is_even>;
         constexpr int smem = BwsSmem<D>::bytes;
