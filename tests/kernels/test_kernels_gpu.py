@@ -39,15 +39,16 @@ def _ext():
 # Kernel paths besides the default dispatch: name -> (environment variable, value) that selects it.
 KERNEL_PATHS = {"cpasync": ("FLASHGPT_SM90_WS", "0"),      # the cp.async wgmma kernels (Hopper)
                 "fa2": ("FLASHGPT_SM90", "0"),             # the FA2 kernels everywhere (Hopper)
-                "headmajor": ("FLASHGPT_GRID_ORDER", "head")}  # head-major grids (grid_order.h)
+                "headmajor": ("FLASHGPT_GRID_ORDER", "head"),  # head-major grids (grid_order.h)
+                "hopper": ("FLASHGPT_SM90_ALWAYS", "1")}  # the Hopper kernels at every size (dispatch.h)
 
 
 @pytest.fixture(params=["default", *KERNEL_PATHS], autouse=True)
 def kernel_path(request, monkeypatch):
     """Every check runs through the default dispatch (on Hopper the warp-specialised TMA kernels for
     head dim 128 and the head-dim-64 forward), then on head-major grids, and on Hopper also through
-    the cp.async wgmma kernels and the FA2 kernels."""
-    if request.param in ("cpasync", "fa2") and torch.cuda.get_device_capability()[0] != 9:
+    the cp.async wgmma kernels, the FA2 kernels and the Hopper kernels at every size."""
+    if request.param in ("cpasync", "fa2", "hopper") and torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("only Hopper has more than one kernel family")
     if request.param != "default":
         monkeypatch.setenv(*KERNEL_PATHS[request.param])

@@ -2,30 +2,31 @@
 // memory traffic moved off the consumer warpgroups -- TMA loads of K, V, Q, dO, and dQ added to the
 // fp32 accumulator by bulk reduce-adds from shared memory instead of per-thread atomics.
 //
-// Head dims 64 and 128 (template D). Block: one key block of 128 keys of one (batch, head); 3
-// warpgroups (384 threads).
+// Head dims 64 and 128 (template D). Block: one key block of 128 keys of one (batch, head), BM
+// queries per step (64 at head dim 128, 128 at head dim 64: BwsSmem); 3 warpgroups (384 threads).
 //   Warpgroup 0, the producer (setmaxnreg 24): warp 0 lane 0 issues the TMA loads (K and V once;
-//   Q and dO of each query block into a 2-slot ring); warp 1 copies each block's 64 LSE and D
-//   entries into the ring (zero past the sequence); warp 2 adds each block's dQ from shared memory
-//   to dq_accum with cp.reduce.async.bulk, one 512-byte row per instruction (in key-block order
-//   if deterministic).
+//   Q and dO of each query block into a 2-slot ring); warp 1 copies each block's BM LSE (times
+//   log2 e) and D entries into the ring (zero past the sequence); warp 2 adds each block's dQ from
+//   shared memory to dq_accum with cp.reduce.async.bulk, one row per instruction (in key-block
+//   order if deterministic).
 //   Warpgroups 1 and 2, the consumers (setmaxnreg 240), own keys 0..63 and 64..127 and run the
-//   per-query-block steps of bwd_consumer.h; at head dim 128 they meet once per block at a named
-//   barrier (both halves of dS^T are needed by each one's half of dQ), never at a block-wide one;
-//   at head dim 64 one of them computes the block's whole dQ, the two taking turns.
+//   per-query-block steps of bwd_consumer.h; they meet once per block at a named barrier (both
+//   halves of dS^T are needed by each one's part of dQ: head-dim columns 64cw.. at 128, queries
+//   64cw.. at 64), never at a block-wide one.
 // Synchronisation (mbarriers, tma.h; parities as in flash_fwd_sm90_ws.h):
 //   kv_full: K and V landed (1 arrival + bytes).  q_full[s]: Q, dO (1 arrival + bytes) and LSE, D
 //   (32 arrivals, warp 1) of slot s.  q_empty[s]: 256 consumer arrivals once slot s is read.
-//   dq_full: 256 (head dim 64: 128) consumer arrivals once the block's dQ is in shared memory; dq_empty: 1 arrival
+//   dq_full: 256 consumer arrivals once the block's dQ is in shared memory; dq_empty: 1 arrival
 //   from warp 2 once the bulk unit has read it.  dS^T is double-buffered: the named barrier of
 //   block it is passed only after both warpgroups finished dQ of block it-1, so writing buffer
 //   (it+1) % 2 = (it-1) % 2 after it is safe.
 // Ragged edges: TMA zero-fills rows past a tensor's end but, packed (varlen), reads the next
 // sequence's rows; P^T is therefore masked to 0 for keys >= sk and queries >= sq, which zeroes their
 // dS^T too (dQ/dK/dV rows past the sequence are never written).
-// Shared memory at head dim 128 (BwsSmem): K, V 32 K each; Q, dO 2 x 16 K each; dS^T 2 x 16 K; dQ 64
+// Shared memory (BwsSmem), head dim 128: K, V 32 K each; Q, dO 2 x 16 K each; dS^T 2 x 16 K; dQ 64
 // rows x 528 (fp32, rows padded by 16 bytes against bank conflicts); LSE, D 2 x 256 each; barriers:
-// 194 KB (head dim 64: 114 KB).
+// 194 KB. Head dim 64: K, V 16 K each; Q, dO 2 x 16 K each; dS^T (P^T first) 2 x 32 K; dQ 128 x
+// 272; LSE, D 2 x 512 each: 196 KB.
 #pragma once
 #include <type_traits>
 #include "../flash.h"
