@@ -22,6 +22,13 @@
 namespace flash {
 namespace sm90 {
 
+// x, hidden from the optimiser: what derives from it is computed where it is used. Keeps the block
+// loops from hoisting loop-invariant descriptors / addresses into registers (which it then spills).
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+
 // A fragments (mma.m16n8k16 A layout, k = the accumulator's columns) of a 64 x NQ accumulator
 // (N = NQ / 2 registers), 16 columns per step: NQ / 16 k16 steps.
 template <typename T, int N>
@@ -43,22 +50,23 @@ __device__ __forceinline__ void issue_st_dpt(float (&s)[N], float (&dp)[N], uint
                                              uint32_t q_base, uint32_t do_base) {
     constexpr int BN = 128, BM = 2 * N;
     static_assert(N == 32 || N == 64, "64 or 128 queries");
+    // One descriptor per operand, stepped by byte offsets (desc_at): one add per wgmma operand.
+    const uint64_t dk = smem_desc_u18(opaque(k_rows), 16, 1024), dq = smem_desc_u18(opaque(q_base), 16, 1024);
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
         const uint32_t off_kv = (ks / 4) * BN * 128 + (ks % 4) * 32;  // atom column, 32 B per k16
         const uint32_t off_q = (ks / 4) * BM * 128 + (ks % 4) * 32;
-        const uint64_t da = smem_desc_u18(k_rows + off_kv, 16, 1024), db = smem_desc_u18(q_base + off_q, 16, 1024);
-        if constexpr (N == 32) wgmma_m64n64k16_ss<T, 0, 0>(s, da, db, ks > 0);
-        else wgmma_m64n128k16_ss<T, 0, 0>(s, da, db, ks > 0);
+        if constexpr (N == 32) wgmma_m64n64k16_ss<T, 0, 0>(s, desc_at(dk, off_kv), desc_at(dq, off_q), ks > 0);
+        else wgmma_m64n128k16_ss<T, 0, 0>(s, desc_at(dk, off_kv), desc_at(dq, off_q), ks > 0);
     }
     wgmma_commit();
+    const uint64_t dv = smem_desc_u18(opaque(v_rows), 16, 1024), ddo = smem_desc_u18(opaque(do_base), 16, 1024);
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
         const uint32_t off_kv = (ks / 4) * BN * 128 + (ks % 4) * 32;
         const uint32_t off_q = (ks / 4) * BM * 128 + (ks % 4) * 32;
-        const uint64_t da = smem_desc_u18(v_rows + off_kv, 16, 1024), db = smem_desc_u18(do_base + off_q, 16, 1024);
-        if constexpr (N == 32) wgmma_m64n64k16_ss<T, 0, 0>(dp, da, db, ks > 0);
-        else wgmma_m64n128k16_ss<T, 0, 0>(dp, da, db, ks > 0);
+        if constexpr (N == 32) wgmma_m64n64k16_ss<T, 0, 0>(dp, desc_at(dv, off_kv), desc_at(ddo, off_q), ks > 0);
+        else wgmma_m64n128k16_ss<T, 0, 0>(dp, desc_at(dv, off_kv), desc_at(ddo, off_q), ks > 0);
     }
     wgmma_commit();
 }
@@ -100,7 +108,9 @@ __device__ __forceinline__ void exp_pt(float (&s)[N], const float *sL, float sca
 template <typename T, int D>
 __device__ __forceinline__ void issue_rs_over_queries(float (&acc)[D / 2], const uint32_t (&a)[4][4], uint32_t b_base) {
 #pragma unroll
-    for (int kc = 0; kc < 4; ++kc) wgmma_rs_n<T, D, 1>(acc, a[kc], smem_desc_u18(b_base + kc * 16 * 128, 64 * 128, 1024), true);
+    const uint64_t db = smem_desc_u18(opaque(b_base), 64 * 128, 1024);
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) wgmma_rs_n<T, D, 1>(acc, a[kc], desc_at(db, kc * 16 * 128), true);
     wgmma_commit();
 }
 
@@ -111,10 +121,11 @@ __device__ __forceinline__ void issue_rs_over_queries(float (&acc)[D / 2], const
 template <typename T, int D, int NQ>
 __device__ __forceinline__ void issue_ss_over_queries(float (&acc)[D / 2], uint32_t a_rows, uint32_t b_base) {
     static_assert(D == 64, "used at head dim 64");
+    const uint64_t da = smem_desc_u18(opaque(a_rows), 16, 1024), db = smem_desc_u18(opaque(b_base), NQ * 128, 1024);
 #pragma unroll
     for (int kc = 0; kc < NQ / 16; ++kc)  // A: atom column kc / 4 of the 128-key tile, 32 B per k16
-        wgmma_m64n64k16_ss<T, 0, 1>(acc, smem_desc_u18(a_rows + (kc / 4) * 128 * 128 + (kc % 4) * 32, 16, 1024),
-                                    smem_desc_u18(b_base + kc * 16 * 128, NQ * 128, 1024), true);
+        wgmma_m64n64k16_ss<T, 0, 1>(acc, desc_at(da, (kc / 4) * 128 * 128 + (kc % 4) * 32), desc_at(db, kc * 16 * 128),
+                                    true);
     wgmma_commit();
 }
 
@@ -159,10 +170,9 @@ __device__ __forceinline__ void store_dst(uint8_t *sdS, const uint32_t (&a_ds)[K
 // dQ (64 queries x head-dim columns of k_cols' atom column) = dS K over the 128 keys. Commits.
 template <typename T>
 __device__ __forceinline__ void issue_dq(float (&dq)[32], uint32_t ds_base, uint32_t k_cols) {
+    const uint64_t da = smem_desc_u18(opaque(ds_base), 128 * 128, 1024), db = smem_desc_u18(opaque(k_cols), 128 * 128, 1024);
 #pragma unroll
-    for (int kc = 0; kc < 8; ++kc)
-        wgmma_m64n64k16_ss<T, 1, 1>(dq, smem_desc_u18(ds_base + kc * 16 * 128, 128 * 128, 1024),
-                                    smem_desc_u18(k_cols + kc * 16 * 128, 128 * 128, 1024), kc > 0);
+    for (int kc = 0; kc < 8; ++kc) wgmma_m64n64k16_ss<T, 1, 1>(dq, desc_at(da, kc * 16 * 128), desc_at(db, kc * 16 * 128), kc > 0);
     wgmma_commit();
 }
 
