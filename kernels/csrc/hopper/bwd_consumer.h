@@ -22,12 +22,6 @@
 namespace flash {
 namespace sm90 {
 
-// x, hidden from the optimiser: what derives from it is computed where it is used. Keeps the block
-// loops from hoisting loop-invariant descriptors / addresses into registers (which it then spills).
-__device__ __forceinline__ uint32_t opaque(uint32_t x) {
-    asm volatile("" : "+r"(x));
-    return x;
-}
 
 // A fragments (mma.m16n8k16 A layout, k = the accumulator's columns) of a 64 x NQ accumulator
 // (N = NQ / 2 registers), 16 columns per step: NQ / 16 k16 steps.
