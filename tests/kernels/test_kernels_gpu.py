@@ -385,6 +385,8 @@ def _reset_dispatch(ext):
 def test_dispatch_override_selects_the_kernel_family(monkeypatch, kernel_path):
     """Forcing the FA2 family for a shape class gives the FLASHGPT_SM90=0 results bit for bit (forward)
     and within tolerance (backward); the default gives the Hopper kernels' results."""
+    if kernel_path == "hopper":
+        pytest.skip("FLASHGPT_SM90_ALWAYS=1 overrides the tuning cache by design")
     from kernels.build import load_extension
     ext = load_extension()
     torch.manual_seed(next(_seed))
