@@ -101,7 +101,6 @@ __device__ __forceinline__ void exp_pt(float (&s)[N], const float *sL, float sca
 // and dK += dS^T Q. Commits one group.
 template <typename T, int D>
 __device__ __forceinline__ void issue_rs_over_queries(float (&acc)[D / 2], const uint32_t (&a)[4][4], uint32_t b_base) {
-#pragma unroll
     const uint64_t db = smem_desc_u18(opaque(b_base), 64 * 128, 1024);
 #pragma unroll
     for (int kc = 0; kc < 4; ++kc) wgmma_rs_n<T, D, 1>(acc, a[kc], desc_at(db, kc * 16 * 128), true);

@@ -31,7 +31,6 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_base, uint32
 // Commits one group.
 template <typename T, int D>
 __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[8][4], uint32_t v_base) {
-#pragma unroll
     const uint64_t dv = smem_desc_u18(opaque(v_base), 128 * 128, 1024);
 #pragma unroll
     for (int kc = 0; kc < 8; ++kc) wgmma_rs_n<T, D, 1>(o, p[kc], desc_at(dv, kc * 16 * 128), true);
