@@ -10,7 +10,7 @@ Error column: max |ours - fp32 reference| of the forward output on batch 0, head
 
     python -m kernels.bench [--reps 30] [--hdims 64 128] [--seqlens 512 1024 ...] [--json out.json]
                             [--compare-fa2] [--compare-cpasync] [--compare-nopingpong]
-                            [--compare-headmajor] [--only-ours]
+                            [--compare-headmajor] [--compare-fa2bwd] [--only-ours]
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ TOKENS, D_MODEL = 16384, 2048
 VARIANTS = {"fa2": ("FLASHGPT_SM90", "0"),                 # the FA2 (mma.sync) kernels everywhere
             "cpasync": ("FLASHGPT_SM90_WS", "0"),          # the cp.async wgmma kernels instead of the TMA ones
             "nopingpong": ("FLASHGPT_SM90_PINGPONG", "0"),  # TMA forward without the warpgroup pingpong
-            "headmajor": ("FLASHGPT_GRID_ORDER", "head")}   # grids in head-major order (sessions 1-4)
+            "headmajor": ("FLASHGPT_GRID_ORDER", "head"),   # grids in head-major order (sessions 1-4)
+            "fa2bwd": ("FLASHGPT_SM90_BWD", "0")}           # the Hopper forward with the FA2 backward
 
 
 @contextlib.contextmanager
@@ -161,13 +162,16 @@ def main() -> None:
                     help="also time the TMA forward without pingpong (FLASHGPT_SM90_PINGPONG=0)")
     ap.add_argument("--compare-headmajor", action="store_true",
                     help="also time our kernels on head-major grids (FLASHGPT_GRID_ORDER=head)")
+    ap.add_argument("--compare-fa2bwd", action="store_true",
+                    help="also time the Hopper forward with the FA2 backward (FLASHGPT_SM90_BWD=0)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"cuDNN {torch.backends.cudnn.version()}")
     variants = tuple(v for v, on in (("fa2", args.compare_fa2), ("cpasync", args.compare_cpasync),
                                      ("nopingpong", args.compare_nopingpong),
-                                     ("headmajor", args.compare_headmajor)) if on)
+                                     ("headmajor", args.compare_headmajor),
+                                     ("fa2bwd", args.compare_fa2bwd)) if on)
     rows = []
     for hdim in args.hdims:
         for causal in args.causal:

@@ -40,12 +40,10 @@ log = logging.getLogger(__name__)
 
 
 def shape_classes() -> Iterator[Tuple[int, int, bool, int]]:
-    """(pass, head dim, causal, bucket) of every class with two candidates (no Hopper backward at
-    head dim 64, so that pass has nothing to choose)."""
+    """(pass, head dim, causal, bucket) of every class: each has two candidates (the Hopper kernels
+    and the FA2 kernels)."""
     for p in PASSES:
         for d in (64, 128):
-            if p == 1 and d == 64:
-                continue
             for causal in (False, True):
                 for bucket in BUCKET_SEQLEN:
                     yield p, d, causal, bucket

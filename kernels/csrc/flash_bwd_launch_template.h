@@ -54,8 +54,11 @@ using BwdTraits = Flash_bwd_kernel_traits<D, BM, BN, W, T, MINB, UNROLL, DQM>;
 
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim64(Flash_bwd_params &params, cudaStream_t stream) {
-    // The wgmma backward at D = 64 passed the GPU tests but ran at 0.8x this kernel (kernels/NOTES.md,
-    // session 3): hdim 64 stays on the FA2 backward everywhere.
+    // On Hopper the TMA backward (session 5); the FA2 backward elsewhere, under FLASHGPT_SM90_WS=0
+    // (there is no cp.async wgmma backward at head dim 64) and where a tensor breaks a TMA rule.
+    if (flash::sm90::use(flash::sm90::kBwd, 64, Is_causal, params.seqlen_k) && flash::sm90::ws_kernels() &&
+        run_flash_bwd_sm90_ws<T, 64, Is_causal>(params, stream))
+        return;
     run_flash_bwd<BwdTraits<64, FLASH_BWD_HD64, T>, Is_causal>(params, stream);
 }
 // 2-D layout tiles: (query rows per step, keys per block, warps, key warps, 16-row dQ slabs per warp).
@@ -74,7 +77,7 @@ void run_mha_bwd_hdim96(Flash_bwd_params &params, cudaStream_t stream) {
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim128(Flash_bwd_params &params, cudaStream_t stream) {
     if (flash::sm90::use(flash::sm90::kBwd, 128, Is_causal, params.seqlen_k)) {  // hopper/dispatch.h
-        if (!(flash::sm90::ws_kernels() && run_flash_bwd_sm90_ws<T, Is_causal>(params, stream)))
+        if (!(flash::sm90::ws_kernels() && run_flash_bwd_sm90_ws<T, 128, Is_causal>(params, stream)))
             run_flash_bwd_sm90<T, 128, Is_causal>(params, stream);
         return;
     }

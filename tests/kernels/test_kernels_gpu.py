@@ -39,15 +39,16 @@ def _ext():
 # Kernel paths besides the default dispatch: name -> (environment variable, value) that selects it.
 KERNEL_PATHS = {"cpasync": ("FLASHGPT_SM90_WS", "0"),      # the cp.async wgmma kernels (Hopper)
                 "fa2": ("FLASHGPT_SM90", "0"),             # the FA2 kernels everywhere (Hopper)
-                "headmajor": ("FLASHGPT_GRID_ORDER", "head")}  # head-major grids (grid_order.h)
+                "headmajor": ("FLASHGPT_GRID_ORDER", "head"),  # head-major grids (grid_order.h)
+                "hopper": ("FLASHGPT_SM90_ALWAYS", "1")}  # the Hopper kernels at every size (dispatch.h)
 
 
 @pytest.fixture(params=["default", *KERNEL_PATHS], autouse=True)
 def kernel_path(request, monkeypatch):
     """Every check runs through the default dispatch (on Hopper the warp-specialised TMA kernels for
     head dim 128 and the head-dim-64 forward), then on head-major grids, and on Hopper also through
-    the cp.async wgmma kernels and the FA2 kernels."""
-    if request.param in ("cpasync", "fa2") and torch.cuda.get_device_capability()[0] != 9:
+    the cp.async wgmma kernels, the FA2 kernels and the Hopper kernels at every size."""
+    if request.param in ("cpasync", "fa2", "hopper") and torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("only Hopper has more than one kernel family")
     if request.param != "default":
         monkeypatch.setenv(*KERNEL_PATHS[request.param])
@@ -312,10 +313,11 @@ def _launched_kernels(fn) -> list[str]:
 @hopper_only
 @pytest.mark.parametrize("d,causal,varlen", [(128, True, True), (128, False, False), (64, False, False)])
 def test_default_runs_the_warp_specialised_kernels(d, causal, varlen, kernel_path, monkeypatch):
-    """The default Hopper forward (and, for head dim 128, backward) are the TMA kernels, not a silent
-    fallback, and they give the cp.async kernels' results bit for bit: the same wgmma order, only the
-    loads and the synchronisation differ (the backward in deterministic mode, where both add dQ in
-    key-block order)."""
+    """The default Hopper forward and backward are the TMA kernels, not a silent fallback, and they
+    give the cp.async kernels' results bit for bit: the same wgmma order, only the loads and the
+    synchronisation differ (the backward in deterministic mode, where both add dQ in key-block
+    order). Head dim 64 has no cp.async backward: its gradients are compared with the FA2 kernel's
+    within bf16 rounding."""
     if kernel_path != "default":
         pytest.skip("one check per shape")
     torch.manual_seed(next(_seed))
@@ -336,13 +338,15 @@ def test_default_runs_the_warp_specialised_kernels(d, causal, varlen, kernel_pat
 
     names = _launched_kernels(fwd_bwd)
     assert any("flash_fwd_sm90_ws_kernel" in n for n in names), names
-    if d == 128:
-        assert any("flash_bwd_sm90_ws_kernel" in n for n in names), names
+    assert any("flash_bwd_sm90_ws_kernel" in n for n in names), names
     ws = fwd_bwd()
     monkeypatch.setenv("FLASHGPT_SM90_WS", "0")
     assert not any("ws_kernel" in n for n in _launched_kernels(fwd_bwd))
     for name, a, b in zip(("out", "dq", "dk", "dv"), ws, fwd_bwd()):
-        assert torch.equal(a, b), name
+        if d == 64 and name != "out":  # no cp.async backward at head dim 64: FA2's, another summation order
+            torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=name)
+        else:
+            assert torch.equal(a, b), name
 
 
 @pytest.mark.parametrize("d,causal", [(64, True), (128, False), (128, True)])
@@ -381,6 +385,8 @@ def _reset_dispatch(ext):
 def test_dispatch_override_selects_the_kernel_family(monkeypatch, kernel_path):
     """Forcing the FA2 family for a shape class gives the FLASHGPT_SM90=0 results bit for bit (forward)
     and within tolerance (backward); the default gives the Hopper kernels' results."""
+    if kernel_path == "hopper":
+        pytest.skip("FLASHGPT_SM90_ALWAYS=1 overrides the tuning cache by design")
     from kernels.build import load_extension
     ext = load_extension()
     torch.manual_seed(next(_seed))

@@ -1,5 +1,7 @@
 // What a warpgroup of the Hopper backward kernels (flash_bwd_sm90.h, flash_bwd_sm90_ws.h) does per
-// query block: 64 keys (its half of the 128-key block) x 64 queries, head dim 128.
+// query block: 64 keys (its half of the 128-key block) x 64 queries, head dim 128. (The TMA kernel at
+// head dim 64 takes 128 queries per block, NQ below, and dV / dK from shared memory: see
+// flash_bwd_sm90_ws.h; the helpers take the query count from their array sizes.)
 //   S^T  (64 keys x 64 q)  = K_wg Q^T        SS m64n64, both K-major (d contiguous), 8 k16 over d
 //   dP^T (64 keys x 64 q)  = V_wg dO^T       SS m64n64, likewise (its own wgmma group)
 //   P^T = exp(S^T * scale - LSE[q])          in registers while dP^T is still running
@@ -20,12 +22,13 @@
 namespace flash {
 namespace sm90 {
 
-// A fragments (mma.m16n8k16 A layout, k = the accumulator's columns) of a 64 x 64 accumulator,
-// 16 columns per step: four k16 steps.
-template <typename T>
-__device__ __forceinline__ void to_a_fragments(const float (&acc)[32], uint32_t (&a)[4][4]) {
+
+// A fragments (mma.m16n8k16 A layout, k = the accumulator's columns) of a 64 x NQ accumulator
+// (N = NQ / 2 registers), 16 columns per step: NQ / 16 k16 steps.
+template <typename T, int N>
+__device__ __forceinline__ void to_a_fragments(const float (&acc)[N], uint32_t (&a)[N / 8][4]) {
 #pragma unroll
-    for (int kc = 0; kc < 4; ++kc) {
+    for (int kc = 0; kc < N / 8; ++kc) {
         a[kc][0] = pack2<T>(acc[8 * kc + 0], acc[8 * kc + 1]);  // (row g,   cols 16kc + 2t..)
         a[kc][1] = pack2<T>(acc[8 * kc + 2], acc[8 * kc + 3]);  // (row g+8, cols 16kc + 2t..)
         a[kc][2] = pack2<T>(acc[8 * kc + 4], acc[8 * kc + 5]);  // (row g,   cols 16kc + 8 + 2t..)
@@ -34,25 +37,30 @@ __device__ __forceinline__ void to_a_fragments(const float (&acc)[32], uint32_t 
 }
 
 // S^T = K_wg Q^T, then dP^T = V_wg dO^T: two committed groups. k_rows / v_rows: this warpgroup's
-// 64 rows of the swizzled 128-row K / V tiles; q_base / do_base: the swizzled 64-row Q / dO tiles.
-template <typename T, int D>
-__device__ __forceinline__ void issue_st_dpt(float (&s)[32], float (&dp)[32], uint32_t k_rows, uint32_t v_rows,
+// 64 rows of the swizzled 128-row K / V tiles; q_base / do_base: the swizzled NQ-row Q / dO tiles
+// (NQ = 64: m64n64 products, 128: m64n128).
+template <typename T, int D, int N>
+__device__ __forceinline__ void issue_st_dpt(float (&s)[N], float (&dp)[N], uint32_t k_rows, uint32_t v_rows,
                                              uint32_t q_base, uint32_t do_base) {
-    constexpr int BN = 128, BM = 64;
+    constexpr int BN = 128, BM = 2 * N;
+    static_assert(N == 32 || N == 64, "64 or 128 queries");
+    // One descriptor per operand, stepped by byte offsets (desc_at): one add per wgmma operand.
+    const uint64_t dk = smem_desc_u18(opaque(k_rows), 16, 1024), dq = smem_desc_u18(opaque(q_base), 16, 1024);
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
         const uint32_t off_kv = (ks / 4) * BN * 128 + (ks % 4) * 32;  // atom column, 32 B per k16
         const uint32_t off_q = (ks / 4) * BM * 128 + (ks % 4) * 32;
-        wgmma_m64n64k16_ss<T, 0, 0>(s, smem_desc_u18(k_rows + off_kv, 16, 1024), smem_desc_u18(q_base + off_q, 16, 1024),
-                                    ks > 0);
+        if constexpr (N == 32) wgmma_m64n64k16_ss<T, 0, 0>(s, desc_at(dk, off_kv), desc_at(dq, off_q), ks > 0);
+        else wgmma_m64n128k16_ss<T, 0, 0>(s, desc_at(dk, off_kv), desc_at(dq, off_q), ks > 0);
     }
     wgmma_commit();
+    const uint64_t dv = smem_desc_u18(opaque(v_rows), 16, 1024), ddo = smem_desc_u18(opaque(do_base), 16, 1024);
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
         const uint32_t off_kv = (ks / 4) * BN * 128 + (ks % 4) * 32;
         const uint32_t off_q = (ks / 4) * BM * 128 + (ks % 4) * 32;
-        wgmma_m64n64k16_ss<T, 0, 0>(dp, smem_desc_u18(v_rows + off_kv, 16, 1024), smem_desc_u18(do_base + off_q, 16, 1024),
-                                    ks > 0);
+        if constexpr (N == 32) wgmma_m64n64k16_ss<T, 0, 0>(dp, desc_at(dv, off_kv), desc_at(ddo, off_q), ks > 0);
+        else wgmma_m64n128k16_ss<T, 0, 0>(dp, desc_at(dv, off_kv), desc_at(ddo, off_q), ks > 0);
     }
     wgmma_commit();
 }
@@ -63,13 +71,13 @@ __device__ __forceinline__ void issue_st_dpt(float (&s)[32], float (&dp)[32], ui
 // kernel's producer scales them: one FMUL fewer per pair). The unmasked loop is a separate branch so
 // blocks away from the diagonal and the sequence end run no mask arithmetic (the select-based form
 // cost ~200 instructions per warp and block).
-template <bool kLseLog2 = false, typename Masked>
-__device__ __forceinline__ void exp_pt(float (&s)[32], const float *sL, float scale_log2, bool need_mask, int key0,
+template <bool kLseLog2 = false, int N, typename Masked>
+__device__ __forceinline__ void exp_pt(float (&s)[N], const float *sL, float scale_log2, bool need_mask, int key0,
                                        int q0, int g, int t, Masked masked) {
     constexpr float kLog2e = 1.4426950408889634f;
     auto exp_all = [&](auto with_mask) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < N / 4; ++j) {
             const float2 lse = *reinterpret_cast<const float2 *>(sL + 8 * j + 2 * t);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
@@ -93,18 +101,34 @@ __device__ __forceinline__ void exp_pt(float (&s)[32], const float *sL, float sc
 // and dK += dS^T Q. Commits one group.
 template <typename T, int D>
 __device__ __forceinline__ void issue_rs_over_queries(float (&acc)[D / 2], const uint32_t (&a)[4][4], uint32_t b_base) {
+    const uint64_t db = smem_desc_u18(opaque(b_base), 64 * 128, 1024);
 #pragma unroll
-    for (int kc = 0; kc < 4; ++kc) wgmma_rs_n<T, D, 1>(acc, a[kc], smem_desc_u18(b_base + kc * 16 * 128, 64 * 128, 1024), true);
+    for (int kc = 0; kc < 4; ++kc) wgmma_rs_n<T, D, 1>(acc, a[kc], desc_at(db, kc * 16 * 128), true);
+    wgmma_commit();
+}
+
+// As issue_rs_over_queries with A from shared memory: a_rows is this warpgroup's 64 rows (keys) of a
+// swizzled 128-key x 64-query tile (P^T or dS^T, queries contiguous: K-major). The head-dim-64
+// backward uses it for dV and dK: a register-A wgmma with N = 64 runs at ~42% of the tensor rate
+// when one warpgroup issues it (session 6 microbenchmark), the shared-memory form at 100%.
+template <typename T, int D, int NQ>
+__device__ __forceinline__ void issue_ss_over_queries(float (&acc)[D / 2], uint32_t a_rows, uint32_t b_base) {
+    static_assert(D == 64, "used at head dim 64");
+    const uint64_t da = smem_desc_u18(opaque(a_rows), 16, 1024), db = smem_desc_u18(opaque(b_base), NQ * 128, 1024);
+#pragma unroll
+    for (int kc = 0; kc < NQ / 16; ++kc)  // A: atom column kc / 4 of the 128-key tile, 32 B per k16
+        wgmma_m64n64k16_ss<T, 0, 1>(acc, desc_at(da, (kc / 4) * 128 * 128 + (kc % 4) * 32), desc_at(db, kc * 16 * 128),
+                                    true);
     wgmma_commit();
 }
 
 // dS^T = P^T o (dP^T - D) straight into A fragments; P^T read back from its 16-bit fragments (the
 // fp32 copy is dead by then: 32 registers fewer at the peak). sDs: the block's 64 D entries.
-template <typename T>
-__device__ __forceinline__ void make_dst(const uint32_t (&a_p)[4][4], const float (&s)[32], const float (&dp)[32],
-                                         const float *sDs, int t, uint32_t (&a_ds)[4][4]) {
+template <typename T, int N>
+__device__ __forceinline__ void make_dst(const uint32_t (&a_p)[N / 8][4], const float (&s)[N], const float (&dp)[N],
+                                         const float *sDs, int t, uint32_t (&a_ds)[N / 8][4]) {
 #pragma unroll
-    for (int kc = 0; kc < 4; ++kc)
+    for (int kc = 0; kc < N / 8; ++kc)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {  // fragment e: n8 tile j = 2kc + e/2, rows +8*(e%2)
             const int j = 2 * kc + e / 2, i0 = 4 * j + 2 * (e % 2);
@@ -118,24 +142,30 @@ __device__ __forceinline__ void make_dst(const uint32_t (&a_p)[4][4], const floa
         }
 }
 
-// This warp's 16 key rows of dS^T (fragments) into the swizzled 128-key x 64-query tile sdS.
-__device__ __forceinline__ void store_dst(uint8_t *sdS, const uint32_t (&a_ds)[4][4], int key_row0, int g, int t) {
+// This warp's 16 key rows of dS^T (or P^T; fragments) into the swizzled 128-key x NQ-query tile sdS
+// (NQ = 16 KC; queries 64.. in the second atom column).
+// The address arithmetic is made opaque per call (an empty asm on g): otherwise the compiler hoists
+// the 4 KC loop-invariant offsets out of the block loop and, at KC = 8, spills them.
+template <int KC>
+__device__ __forceinline__ void store_dst(uint8_t *sdS, const uint32_t (&a_ds)[KC][4], int key_row0, int g, int t) {
+    int gg = g;
+    asm volatile("" : "+r"(gg));
+    uint8_t *row = sdS + (key_row0 + gg) * 128 + 4 * t;  // rows r = key_row0 + g (+8); r % 8 == g
 #pragma unroll
-    for (int kc = 0; kc < 4; ++kc)
+    for (int kc = 0; kc < KC; ++kc)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int r = key_row0 + g + 8 * (e % 2), c = 16 * kc + 8 * (e / 2) + 2 * t;
-            *reinterpret_cast<uint32_t *>(sdS + swizzled_offset<128>(r, c)) = a_ds[kc][e];
+        for (int e = 0; e < 4; ++e) {  // swizzled_offset<128>(r, 16kc + 8(e/2) + 2t)
+            const int chunk = 2 * (kc % 4) + e / 2;
+            *reinterpret_cast<uint32_t *>(row + (kc / 4) * 128 * 128 + 8 * (e % 2) * 128 + ((chunk ^ gg) * 16)) = a_ds[kc][e];
         }
 }
 
 // dQ (64 queries x head-dim columns of k_cols' atom column) = dS K over the 128 keys. Commits.
 template <typename T>
 __device__ __forceinline__ void issue_dq(float (&dq)[32], uint32_t ds_base, uint32_t k_cols) {
+    const uint64_t da = smem_desc_u18(opaque(ds_base), 128 * 128, 1024), db = smem_desc_u18(opaque(k_cols), 128 * 128, 1024);
 #pragma unroll
-    for (int kc = 0; kc < 8; ++kc)
-        wgmma_m64n64k16_ss<T, 1, 1>(dq, smem_desc_u18(ds_base + kc * 16 * 128, 128 * 128, 1024),
-                                    smem_desc_u18(k_cols + kc * 16 * 128, 128 * 128, 1024), kc > 0);
+    for (int kc = 0; kc < 8; ++kc) wgmma_m64n64k16_ss<T, 1, 1>(dq, desc_at(da, kc * 16 * 128), desc_at(db, kc * 16 * 128), kc > 0);
     wgmma_commit();
 }
 

@@ -3,7 +3,8 @@
 // 9.0a), unless the environment says FLASHGPT_SM90=0 (read on every call, so a benchmark can time
 // both paths in one process: kernels/bench.py --compare-fa2); then per shape class, as the tuning
 // cache says (kernels/tune.py -> set_sm90_choice) or else by the built-in defaults measured in
-// session 4 (kernels/NOTES.md): Hopper for head dim 128 and for the head-dim-64 forward.
+// sessions 4-6 (kernels/NOTES.md): Hopper for head dims 64 and 128, forward and backward, but the
+// head-dim-64 backward below 2k keys.
 #pragma once
 #include <cstdlib>
 #include <cstring>
@@ -46,14 +47,31 @@ inline bool pingpong_forward() {
 
 enum Pass { kFwd = 0, kBwd = 1 };
 
+// Measured defaults (kernels/NOTES.md): the Hopper family everywhere but the head-dim-64 backward
+// below 2k keys, where the FA2 backward was 2-7% faster (session 6; 128-query TMA blocks leave the
+// grid short of work there).
 inline bool default_choice(Pass pass, int head_dim, int seqlen_k) {
-    (void)seqlen_k;  // session 4 (TMA kernels): the Hopper family wins every seqlen bucket measured
-    return head_dim == 128 || (pass == kFwd && head_dim == 64);
+    return head_dim == 128 || pass == kFwd || seqlen_k >= 2048;
 }
 
-// The Hopper kernel for this launch? (There is no Hopper backward for head dim 64.)
+// FLASHGPT_SM90_ALWAYS=1: the Hopper kernel wherever one exists, whatever the defaults and the tuning
+// cache say (read on every call; the tests' "hopper" path runs every shape through it).
+inline bool always_hopper() {
+    const char *env = std::getenv("FLASHGPT_SM90_ALWAYS");
+    return env != nullptr && std::strcmp(env, "1") == 0;
+}
+
+// The FA2 backward with the Hopper forward when FLASHGPT_SM90_BWD=0 (read on every call; kernels/bench.py
+// --compare-fa2bwd times the backward families under one forward).
+inline bool hopper_backward() {
+    const char *env = std::getenv("FLASHGPT_SM90_BWD");
+    return !(env != nullptr && std::strcmp(env, "0") == 0);
+}
+
+// The Hopper kernel for this launch? (Head dims 64 and 128, forward and backward.)
 inline bool use(Pass pass, int head_dim, bool causal, int seqlen_k) {
-    if (!enabled() || (pass == kBwd && head_dim != 128)) return false;
+    if (!enabled() || (head_dim != 64 && head_dim != 128) || (pass == kBwd && !hopper_backward())) return false;
+    if (always_hopper()) return true;
     const int c = sm90_choice(pass, head_dim, causal, seqlen_bucket(seqlen_k));
     return c < 0 ? default_choice(pass, head_dim, seqlen_k) : c == 1;
 }

@@ -2,15 +2,17 @@
 // memory traffic moved off the consumer warpgroups -- TMA loads of K, V, Q, dO, and dQ added to the
 // fp32 accumulator by bulk reduce-adds from shared memory instead of per-thread atomics.
 //
-// Block: one key block of 128 keys of one (batch, head); 3 warpgroups (384 threads).
+// Head dims 64 and 128 (template D). Block: one key block of 128 keys of one (batch, head), BM
+// queries per step (64 at head dim 128, 128 at head dim 64: BwsSmem); 3 warpgroups (384 threads).
 //   Warpgroup 0, the producer (setmaxnreg 24): warp 0 lane 0 issues the TMA loads (K and V once;
-//   Q and dO of each query block into a 2-slot ring); warp 1 copies each block's 64 LSE and D
-//   entries into the ring (zero past the sequence); warp 2 adds each block's dQ from shared memory
-//   to dq_accum with cp.reduce.async.bulk, one 512-byte row per instruction (in key-block order
-//   if deterministic).
+//   Q and dO of each query block into a 2-slot ring); warp 1 copies each block's BM LSE (times
+//   log2 e) and D entries into the ring (zero past the sequence); warp 2 adds each block's dQ from
+//   shared memory to dq_accum with cp.reduce.async.bulk, one row per instruction (in key-block
+//   order if deterministic).
 //   Warpgroups 1 and 2, the consumers (setmaxnreg 240), own keys 0..63 and 64..127 and run the
 //   per-query-block steps of bwd_consumer.h; they meet once per block at a named barrier (both
-//   halves of dS^T are needed by dQ), never at a block-wide one.
+//   halves of dS^T are needed by each one's part of dQ: head-dim columns 64cw.. at 128, queries
+//   64cw.. at 64), never at a block-wide one.
 // Synchronisation (mbarriers, tma.h; parities as in flash_fwd_sm90_ws.h):
 //   kv_full: K and V landed (1 arrival + bytes).  q_full[s]: Q, dO (1 arrival + bytes) and LSE, D
 //   (32 arrivals, warp 1) of slot s.  q_empty[s]: 256 consumer arrivals once slot s is read.
@@ -21,8 +23,10 @@
 // Ragged edges: TMA zero-fills rows past a tensor's end but, packed (varlen), reads the next
 // sequence's rows; P^T is therefore masked to 0 for keys >= sk and queries >= sq, which zeroes their
 // dS^T too (dQ/dK/dV rows past the sequence are never written).
-// Shared memory (bytes): K, V 32 K each; Q, dO 2 x 16 K each; dS^T 2 x 16 K; dQ 64 rows x 528
-// (fp32, rows padded by 16 bytes against bank conflicts); LSE, D 2 x 256 each; barriers: 194 KB.
+// Shared memory (BwsSmem), head dim 128: K, V 32 K each; Q, dO 2 x 16 K each; dS^T 2 x 16 K; dQ 64
+// rows x 528 (fp32, rows padded by 16 bytes against bank conflicts); LSE, D 2 x 256 each; barriers:
+// 194 KB. Head dim 64: K, V 16 K each; Q, dO 2 x 16 K each; dS^T (P^T first) 2 x 32 K; dQ 128 x
+// 272; LSE, D 2 x 512 each: 196 KB.
 #pragma once
 #include <type_traits>
 #include "../flash.h"
@@ -40,24 +44,31 @@ struct BwdTmaMaps {
     CUtensorMap q, k, v, dO;  // make_tile_map(): boxes of 64 columns x 64 (q, dO) / 128 (k, v) rows
 };
 
-constexpr int kBwsThreads = 384, kBwsBM = 64, kBwsBN = 128, kBwsD = 128;
-constexpr int kBwsKV = kBwsBN * kBwsD * 2, kBwsQ = kBwsBM * kBwsD * 2, kBwsDS = kBwsBN * kBwsBM * 2;
-constexpr int kBwsDQRow = kBwsD * 4 + 16;  // padded fp32 dQ row
-constexpr int kBwsOffV = kBwsKV, kBwsOffQ = 2 * kBwsKV, kBwsOffDO = kBwsOffQ + 2 * kBwsQ,
-              kBwsOffDS = kBwsOffDO + 2 * kBwsQ, kBwsOffDQ = kBwsOffDS + 2 * kBwsDS,
-              kBwsOffStats = kBwsOffDQ + kBwsBM * kBwsDQRow,  // LSE[2][64], D[2][64]
-    kBwsOffBar = kBwsOffStats + 4 * kBwsBM * 4, kBwsSmemBytes = kBwsOffBar + 7 * 8;
+constexpr int kBwsThreads = 384, kBwsBN = 128;
 
-template <typename T, bool Is_causal, bool Is_even>
+// Shared-memory layout at head dim D (64 or 128), byte offsets; every tile 1024-aligned (128B swizzle).
+template <int D>
+struct BwsSmem {
+    static constexpr int BM = D == 64 ? 128 : 64;                // queries per block (step)
+    static constexpr int KV = kBwsBN * D * 2, Q = BM * D * 2;    // one K / V tile, one Q / dO slot
+    static constexpr int DS = kBwsBN * BM * 2;                   // one dS^T buffer (head dim 64: P^T first)
+    static constexpr int DQRow = D * 4 + 16;                     // fp32 dQ row, padded (bank conflicts)
+    static constexpr int V = KV, Qs = 2 * KV, dO = Qs + 2 * Q, dS = dO + 2 * Q, dQ = dS + 2 * DS;
+    static constexpr int stats = dQ + BM * DQRow;  // LSE[2][BM], D[2][BM]
+    static constexpr int bars = stats + 4 * BM * 4, bytes = bars + 7 * 8;
+};
+
+template <typename T, int D, bool Is_causal, bool Is_even>
 __global__ void __launch_bounds__(kBwsThreads, 1)
     flash_bwd_sm90_ws_kernel(const __grid_constant__ Flash_bwd_params params, const __grid_constant__ BwdTmaMaps maps) {
 #ifdef FLASHGPT_WGMMA_ENABLED
-    constexpr int BM = kBwsBM, BN = kBwsBN, D = kBwsD;
+    using L = BwsSmem<D>;
+    constexpr int BM = L::BM, BN = kBwsBN;
     extern __shared__ __align__(1024) uint8_t smem[];
     const uint32_t s0 = smem_u32(smem);
-    const uint32_t sK = s0, sV = s0 + kBwsOffV, sQ = s0 + kBwsOffQ, sdO = s0 + kBwsOffDO, sdQ = s0 + kBwsOffDQ;
-    float *sLSE = reinterpret_cast<float *>(smem + kBwsOffStats), *sDsum = sLSE + 2 * BM;
-    const uint32_t kv_full = s0 + kBwsOffBar, q_full = kv_full + 8, q_empty = q_full + 16, dq_full = q_empty + 16,
+    const uint32_t sK = s0, sV = s0 + L::V, sQ = s0 + L::Qs, sdO = s0 + L::dO, sdQ = s0 + L::dQ;
+    float *sLSE = reinterpret_cast<float *>(smem + L::stats), *sDsum = sLSE + 2 * BM;
+    const uint32_t kv_full = s0 + L::bars, q_full = kv_full + 8, q_empty = q_full + 16, dq_full = q_empty + 16,
                    dq_empty = dq_full + 8;
 
     const GridTile tile = grid_tile(params.block_major);
@@ -95,18 +106,18 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             const bool varlen = params.cu_seqlens_q != nullptr;
             const int batch = varlen ? 0 : b, h_k = h / params.h_h_k_ratio;
             const int k_row = (varlen ? seq.k_start : 0) + n_block * BN, q_row0 = varlen ? seq.q_start : 0;
-            mbar_arrive_expect_tx(kv_full, 2 * kBwsKV);
-            for (int c = 0; c < 2; ++c) {
+            mbar_arrive_expect_tx(kv_full, 2 * L::KV);
+            for (int c = 0; c < D / 64; ++c) {  // 64-column atom columns
                 tma_load_4d(sK + c * BN * 128, &maps.k, kv_full, c * 64, k_row, h_k, batch);
                 tma_load_4d(sV + c * BN * 128, &maps.v, kv_full, c * 64, k_row, h_k, batch);
             }
             for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
                 const int s = it & 1;
                 mbar_wait(q_empty + 8 * s, ((it >> 1) & 1) ^ 1);
-                mbar_arrive_expect_tx(q_full + 8 * s, 2 * kBwsQ);
-                for (int c = 0; c < 2; ++c) {
-                    tma_load_4d(sQ + s * kBwsQ + c * BM * 128, &maps.q, q_full + 8 * s, c * 64, q_row0 + m * BM, h, batch);
-                    tma_load_4d(sdO + s * kBwsQ + c * BM * 128, &maps.dO, q_full + 8 * s, c * 64, q_row0 + m * BM, h,
+                mbar_arrive_expect_tx(q_full + 8 * s, 2 * L::Q);
+                for (int c = 0; c < D / 64; ++c) {  // 64-column atom columns
+                    tma_load_4d(sQ + s * L::Q + c * BM * 128, &maps.q, q_full + 8 * s, c * 64, q_row0 + m * BM, h, batch);
+                    tma_load_4d(sdO + s * L::Q + c * BM * 128, &maps.dO, q_full + 8 * s, c * 64, q_row0 + m * BM, h,
                                 batch);
                 }
             }
@@ -138,7 +149,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
 #pragma unroll
                 for (int r = lane; r < BM; r += 32) {
                     const int q = m * BM + r;
-                    if (q < seq.sq) bulk_reduce_add_f32(gp.dq + int64_t(q) * gp.dq_row_stride, sdQ + r * kBwsDQRow, D * 4);
+                    if (q < seq.sq) bulk_reduce_add_f32(gp.dq + int64_t(q) * gp.dq_row_stride, sdQ + r * L::DQRow, D * 4);
                 }
                 bulk_commit();
                 if (params.deterministic) {
@@ -171,12 +182,65 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     for (int i = 0; i < D / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
 
     mbar_wait(kv_full, 0);
+    if constexpr (D == 64) {
+        // Head dim 64, 128 queries per block: per block a warpgroup's products are half as long as at
+        // head dim 128 while its elementwise work and fixed costs are not, so the block is twice as
+        // wide (S^T, dP^T m64n128). dV and dK read P^T and dS^T from shared memory (a register-A
+        // wgmma with N = 64 runs at ~42% of the tensor rate from one warpgroup: session 6); P^T goes
+        // to this block's dS^T buffer (this warpgroup's 64 key rows) and, once dV has read it, dS^T
+        // overwrites it. Each warpgroup computes dQ for its 64 of the block's 128 queries (all 128
+        // keys, both halves of dS^T: the named barrier). Buffer (it + 1) % 2 is written at block it + 1
+        // only after its writer passed block it's barrier, i.e. after both finished dQ of block it - 1.
+        for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
+            const int s = it & 1;
+            mbar_wait(q_full + 8 * s, (it >> 1) & 1);
+            const uint32_t q_base = sQ + s * L::Q, do_base = sdO + s * L::Q;
+            const float *sL = sLSE + s * BM, *sDs = sDsum + s * BM;
+            uint8_t *sdS = smem + L::dS + s * L::DS;
+            const uint32_t ds_rows = s0 + L::dS + s * L::DS + cw * 64 * 128;  // this warpgroup's key rows
+
+            float acc_s[BM / 2], acc_dp[BM / 2];
+            wgmma_fence();
+            issue_st_dpt<T, D>(acc_s, acc_dp, k_rows, v_rows, q_base, do_base);
+            wgmma_wait<1>();  // S^T has landed
+            const bool need_mask = (Is_causal && n_block * BN + BN - 1 > m * BM + range.causal_off) ||
+                                   (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk));
+            exp_pt</*kLseLog2=*/true>(acc_s, sL, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t,
+                                      [&](int key, int q) {
+                                          return key >= seq.sk || q >= seq.sq || (Is_causal && key > q + range.causal_off);
+                                      });
+            uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
+            to_a_fragments<T>(acc_s, a_p);
+            store_dst(sdS, a_p, key_row0, g, t);  // P^T
+            fence_async_smem();
+            named_barrier_sync(3 + cw, 128);  // this warpgroup's four warps' P^T rows are in
+            wgmma_fence();
+            issue_ss_over_queries<T, D, BM>(acc_dv, ds_rows, do_base);
+            wgmma_wait<1>();  // dP^T has landed (dV may still run)
+            make_dst<T>(a_p, acc_s, acc_dp, sDs, t, a_ds);
+            wgmma_wait<0>();  // dV has read P^T: its rows take dS^T
+            store_dst(sdS, a_ds, key_row0, g, t);
+            fence_async_smem();          // dS^T stores -> visible to wgmma
+            named_barrier_sync(1, 256);  // both warpgroups' halves of dS^T are in
+
+            float acc_dq[32];
+            wgmma_fence();
+            issue_ss_over_queries<T, D, BM>(acc_dk, ds_rows, q_base);
+            issue_dq<T>(acc_dq, smem_u32(sdS) + cw * BN * 128, sK);  // queries 64cw.. : atom column cw
+            wgmma_wait<0>();  // dK and dQ of this block: slot s is read
+            mbar_arrive_if(q_empty + 8 * s, true);
+            mbar_wait(dq_empty, (it & 1) ^ 1);
+            store_acc_rows<8>(smem + L::dQ + cw * 64 * L::DQRow, L::DQRow, acc_dq, 0, warp, g, t);
+            fence_async_smem();  // -> visible to the bulk unit
+            mbar_arrive_if(dq_full, true);
+        }
+    } else
     for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
         const int s = it & 1;
         mbar_wait(q_full + 8 * s, (it >> 1) & 1);
-        const uint32_t q_base = sQ + s * kBwsQ, do_base = sdO + s * kBwsQ;
+        const uint32_t q_base = sQ + s * L::Q, do_base = sdO + s * L::Q;
         const float *sL = sLSE + s * BM, *sDs = sDsum + s * BM;
-        uint8_t *sdS = smem + kBwsOffDS + s * kBwsDS;
+        uint8_t *sdS = smem + L::dS + s * L::DS;
 
         float acc_s[32], acc_dp[32];
         wgmma_fence();
@@ -207,7 +271,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
 
         // dQ (query rows warp*16 + g (+8), head-dim columns 64cw + 8j + 2t) -> shared memory, fp32
         mbar_wait(dq_empty, (it & 1) ^ 1);
-        store_acc_rows<8>(smem + kBwsOffDQ, kBwsDQRow, acc_dq, cw * 64, warp, g, t);
+        store_acc_rows<8>(smem + L::dQ, L::DQRow, acc_dq, cw * 64, warp, g, t);
         fence_async_smem();  // -> visible to the bulk unit
         mbar_arrive_if(dq_full, true);
     }
@@ -220,31 +284,32 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
 }  // namespace sm90
 }  // namespace flash
 
-// Launches the warp-specialised backward (head dim 128); false (nothing launched) when a tensor
-// breaks a TMA rule (tma.h make_tile_map) -- the caller then runs the cp.async kernel.
-template <typename T, bool Is_causal>
+// Launches the warp-specialised backward (head dim D = 64 or 128); false (nothing launched) when a
+// tensor breaks a TMA rule (tma.h make_tile_map) -- the caller then runs another kernel.
+template <typename T, int D, bool Is_causal>
 bool run_flash_bwd_sm90_ws(Flash_bwd_params &params, cudaStream_t stream) {
     using namespace flash::sm90;
-    constexpr int D = kBwsD;
+    static_assert(D == 64 || D == 128, "the TMA backward is built for head dims 64 and 128");
     const bool varlen = params.cu_seqlens_q != nullptr, bf16 = std::is_same_v<T, __nv_bfloat16>;
     const int64_t batch = varlen ? 1 : params.b;
     const int64_t q_rows = varlen ? params.total_q : params.seqlen_q, k_rows = varlen ? params.total_k : params.seqlen_k;
     BwdTmaMaps maps;
     if (!make_tile_map(&maps.q, params.q_ptr, bf16, D, q_rows, params.h, batch, params.q_row_stride,
-                       params.q_head_stride, params.q_batch_stride, kBwsBM) ||
+                       params.q_head_stride, params.q_batch_stride, BwsSmem<D>::BM) ||
         !make_tile_map(&maps.dO, params.do_ptr, bf16, D, q_rows, params.h, batch, params.do_row_stride,
-                       params.do_head_stride, params.do_batch_stride, kBwsBM) ||
+                       params.do_head_stride, params.do_batch_stride, BwsSmem<D>::BM) ||
         !make_tile_map(&maps.k, params.k_ptr, bf16, D, k_rows, params.h_k, batch, params.k_row_stride,
                        params.k_head_stride, params.k_batch_stride, kBwsBN) ||
         !make_tile_map(&maps.v, params.v_ptr, bf16, D, k_rows, params.h_k, batch, params.v_row_stride,
                        params.v_head_stride, params.v_batch_stride, kBwsBN))
         return false;
     const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_k, kBwsBN));
-    const bool is_even = !varlen && params.seqlen_q % kBwsBM == 0 && params.seqlen_k % kBwsBN == 0;
+    const bool is_even = !varlen && params.seqlen_q % BwsSmem<D>::BM == 0 && params.seqlen_k % kBwsBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
-        auto kernel = &flash_bwd_sm90_ws_kernel<T, Is_causal, Is_even>;
-        FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBwsSmemBytes));
-        kernel<<<grid, kBwsThreads, kBwsSmemBytes, stream>>>(params, maps);
+        auto kernel = &flash_bwd_sm90_ws_kernel<T, D, Is_causal, Is_even>;
+        constexpr int smem = BwsSmem<D>::bytes;
+        FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        kernel<<<grid, kBwsThreads, smem, stream>>>(params, maps);
         FLASH_KERNEL_LAUNCH_CHECK();
     });
     return true;

@@ -54,7 +54,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const GridTile tile = grid_tile(params.block_major);
     const int m_block = tile.num_blocks - 1 - tile.block;  // heaviest (causal) first
     const int b = tile.bh / params.h, h = tile.bh % params.h;
-    const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+    // wg and warp through a shuffle: provably warp-uniform, so what derives from them (shared-memory
+    // addresses, wgmma descriptors) stays in uniform registers.
+    const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0),
+              warp = __shfl_sync(0xffffffffu, (tid % 128) / 32, 0), lane = tid % 32;
 
     const SeqInfo seq(params, b);
     if (m_block * BM >= seq.sq) return;

@@ -17,10 +17,12 @@ namespace sm90 {
 // tile (R = 128 rows per atom column), k_base: the swizzled 128 x D K tile. Commits one group.
 template <typename T, int D>
 __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_base, uint32_t k_base) {
+    // One descriptor per operand, stepped by offsets; the bases opaque so they are not hoisted.
+    const uint64_t dq = smem_desc_u18(opaque(q_base), 16, 1024), dk = smem_desc_u18(opaque(k_base), 16, 1024);
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
         const uint32_t off = (ks / 4) * 128 * 128 + (ks % 4) * 32;  // atom column, 32 B per k16
-        wgmma_m64n128k16_ss<T, 0, 0>(s, smem_desc(q_base + off, 16, 1024), smem_desc(k_base + off, 16, 1024), ks > 0);
+        wgmma_m64n128k16_ss<T, 0, 0>(s, desc_at(dq, off), desc_at(dk, off), ks > 0);
     }
     wgmma_commit();
 }
@@ -29,8 +31,9 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_base, uint32
 // Commits one group.
 template <typename T, int D>
 __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[8][4], uint32_t v_base) {
+    const uint64_t dv = smem_desc_u18(opaque(v_base), 128 * 128, 1024);
 #pragma unroll
-    for (int kc = 0; kc < 8; ++kc) wgmma_rs_n<T, D, 1>(o, p[kc], smem_desc(v_base + kc * 16 * 128, 128 * 128, 1024), true);
+    for (int kc = 0; kc < 8; ++kc) wgmma_rs_n<T, D, 1>(o, p[kc], desc_at(dv, kc * 16 * 128), true);
     wgmma_commit();
 }
 

@@ -61,6 +61,13 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t smem_addr, uint32_t lbo_b
 // 16-byte units, and shared-memory addresses stay below 2^18 bytes, so the add never carries out.
 __device__ __forceinline__ uint64_t desc_at(uint64_t desc, uint32_t off_bytes) { return desc + (off_bytes >> 4); }
 
+// x, hidden from the optimiser: what derives from it is computed where it is used. Keeps the block
+// loops from hoisting loop-invariant descriptors / addresses into registers (which it then spills).
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+
 __device__ __forceinline__ void wgmma_fence() {
 #ifdef FLASHGPT_WGMMA_ENABLED
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
