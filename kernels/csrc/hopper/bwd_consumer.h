@@ -122,8 +122,9 @@ __device__ __forceinline__ void issue_ss_over_queries(float (&acc)[D / 2], uint3
     wgmma_commit();
 }
 
-// dS^T = P^T o (dP^T - D) straight into A fragments; P^T read back from its 16-bit fragments (the
-// fp32 copy is dead by then: 32 registers fewer at the peak). sDs: the block's 64 D entries.
+// dS^T = P^T o (dP^T - D) straight into A fragments, P^T from its fp32 registers (session 6: with the
+// loops no longer hoisting addresses these fit without spills, and skip 32 unpacks per block: +1-2%;
+// -DFLASHGPT_BWD_BF16_P unpacks the 16-bit fragments instead). sDs: the block's D entries.
 template <typename T, int N>
 __device__ __forceinline__ void make_dst(const uint32_t (&a_p)[N / 8][4], const float (&s)[N], const float (&dp)[N],
                                          const float *sDs, int t, uint32_t (&a_ds)[N / 8][4]) {
@@ -133,10 +134,10 @@ __device__ __forceinline__ void make_dst(const uint32_t (&a_p)[N / 8][4], const 
         for (int e = 0; e < 4; ++e) {  // fragment e: n8 tile j = 2kc + e/2, rows +8*(e%2)
             const int j = 2 * kc + e / 2, i0 = 4 * j + 2 * (e % 2);
             const float2 dsum = *reinterpret_cast<const float2 *>(sDs + 8 * j + 2 * t);
-#ifdef FLASHGPT_BWD_FP32_P  // fallback: P^T from its fp32 registers (spills ~16-24 B at 255 registers)
-            const float2 pp = make_float2(s[i0], s[i0 + 1]);
-#else
+#ifdef FLASHGPT_BWD_BF16_P  // P^T read back from its 16-bit fragments (sessions 3-5: fewer live registers)
             const float2 pp = unpack2<T>(a_p[kc][e]);
+#else
+            const float2 pp = make_float2(s[i0], s[i0 + 1]);
 #endif
             a_ds[kc][e] = pack2<T>(pp.x * (dp[i0] - dsum.x), pp.y * (dp[i0 + 1] - dsum.y));
         }
