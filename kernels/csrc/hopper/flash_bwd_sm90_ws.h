@@ -181,6 +181,30 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
 
+    // Block m (the it-th): wait for slot it % 2 (Q, dO, LSE, D), issue S^T and dP^T on it, and once S^T
+    // has landed turn it into P^T in place (masked only where the block crosses the diagonal or an end).
+    auto st_dpt_exp = [&](int m, int it, auto &acc_s, auto &acc_dp) {
+        const int s = it & 1;
+        mbar_wait(q_full + 8 * s, (it >> 1) & 1);
+        wgmma_fence();
+        issue_st_dpt<T, D>(acc_s, acc_dp, k_rows, v_rows, sQ + s * L::Q, sdO + s * L::Q);
+        wgmma_wait<1>();  // S^T has landed
+        const bool need_mask = (Is_causal && n_block * BN + BN - 1 > m * BM + range.causal_off) ||
+                               (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk));
+        exp_pt</*kLseLog2=*/true>(acc_s, sLSE + s * BM, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t,
+                                  [&](int key, int q) {
+                                      return key >= seq.sk || q >= seq.sq || (Is_causal && key > q + range.causal_off);
+                                  });
+    };
+    // Block it's dQ (64 x 64 fp32 accumulator) into the staging rows at dst from column col0, once the
+    // bulk unit has read block it-1's; then hand it over.
+    auto stage_dq = [&](const float (&acc_dq)[32], int it, uint8_t *dst, int col0) {
+        mbar_wait(dq_empty, (it & 1) ^ 1);
+        store_acc_rows<8>(dst, L::DQRow, acc_dq, col0, warp, g, t);
+        fence_async_smem();  // -> visible to the bulk unit
+        mbar_arrive_if(dq_full, true);
+    };
+
     mbar_wait(kv_full, 0);
     if constexpr (D == 64) {
         // Head dim 64, 128 queries per block: per block a warpgroup's products are half as long as at
@@ -193,22 +217,13 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         // only after its writer passed block it's barrier, i.e. after both finished dQ of block it - 1.
         for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
             const int s = it & 1;
-            mbar_wait(q_full + 8 * s, (it >> 1) & 1);
             const uint32_t q_base = sQ + s * L::Q, do_base = sdO + s * L::Q;
-            const float *sL = sLSE + s * BM, *sDs = sDsum + s * BM;
+            const float *sDs = sDsum + s * BM;
             uint8_t *sdS = smem + L::dS + s * L::DS;
             const uint32_t ds_rows = s0 + L::dS + s * L::DS + cw * 64 * 128;  // this warpgroup's key rows
 
             float acc_s[BM / 2], acc_dp[BM / 2];
-            wgmma_fence();
-            issue_st_dpt<T, D>(acc_s, acc_dp, k_rows, v_rows, q_base, do_base);
-            wgmma_wait<1>();  // S^T has landed
-            const bool need_mask = (Is_causal && n_block * BN + BN - 1 > m * BM + range.causal_off) ||
-                                   (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk));
-            exp_pt</*kLseLog2=*/true>(acc_s, sL, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t,
-                                      [&](int key, int q) {
-                                          return key >= seq.sk || q >= seq.sq || (Is_causal && key > q + range.causal_off);
-                                      });
+            st_dpt_exp(m, it, acc_s, acc_dp);
             uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
             to_a_fragments<T>(acc_s, a_p);
             store_dst(sdS, a_p, key_row0, g, t);  // P^T
@@ -229,28 +244,17 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             issue_dq<T>(acc_dq, smem_u32(sdS) + cw * BN * 128, sK);  // queries 64cw.. : atom column cw
             wgmma_wait<0>();  // dK and dQ of this block: slot s is read
             mbar_arrive_if(q_empty + 8 * s, true);
-            mbar_wait(dq_empty, (it & 1) ^ 1);
-            store_acc_rows<8>(smem + L::dQ + cw * 64 * L::DQRow, L::DQRow, acc_dq, 0, warp, g, t);
-            fence_async_smem();  // -> visible to the bulk unit
-            mbar_arrive_if(dq_full, true);
+            stage_dq(acc_dq, it, smem + L::dQ + cw * 64 * L::DQRow, 0);  // query rows 64cw..
         }
     } else
     for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
         const int s = it & 1;
-        mbar_wait(q_full + 8 * s, (it >> 1) & 1);
         const uint32_t q_base = sQ + s * L::Q, do_base = sdO + s * L::Q;
-        const float *sL = sLSE + s * BM, *sDs = sDsum + s * BM;
+        const float *sDs = sDsum + s * BM;
         uint8_t *sdS = smem + L::dS + s * L::DS;
 
         float acc_s[32], acc_dp[32];
-        wgmma_fence();
-        issue_st_dpt<T, D>(acc_s, acc_dp, k_rows, v_rows, q_base, do_base);
-        wgmma_wait<1>();  // S^T has landed
-        const bool need_mask = (Is_causal && n_block * BN + BN - 1 > m * BM + range.causal_off) ||
-                               (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk));
-        exp_pt</*kLseLog2=*/true>(acc_s, sL, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t, [&](int key, int q) {
-            return key >= seq.sk || q >= seq.sq || (Is_causal && key > q + range.causal_off);
-        });
+        st_dpt_exp(m, it, acc_s, acc_dp);
         uint32_t a_p[4][4], a_ds[4][4];
         to_a_fragments<T>(acc_s, a_p);
         wgmma_fence();
@@ -269,11 +273,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         wgmma_wait<0>();  // dQ, dV and dK of this block: slot s is read
         mbar_arrive_if(q_empty + 8 * s, true);
 
-        // dQ (query rows warp*16 + g (+8), head-dim columns 64cw + 8j + 2t) -> shared memory, fp32
-        mbar_wait(dq_empty, (it & 1) ^ 1);
-        store_acc_rows<8>(smem + L::dQ, L::DQRow, acc_dq, cw * 64, warp, g, t);
-        fence_async_smem();  // -> visible to the bulk unit
-        mbar_arrive_if(dq_full, true);
+        stage_dq(acc_dq, it, smem + L::dQ, cw * 64);  // head-dim columns 64cw..
     }
     store_dk_dv<T, D>(params, gp.dk, gp.dv, acc_dk, acc_dv, key_row0, range.keys_left, g, t);
 #else
