@@ -168,10 +168,7 @@ def main() -> None:
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"cuDNN {torch.backends.cudnn.version()}")
-    variants = tuple(v for v, on in (("fa2", args.compare_fa2), ("cpasync", args.compare_cpasync),
-                                     ("nopingpong", args.compare_nopingpong),
-                                     ("headmajor", args.compare_headmajor),
-                                     ("fa2bwd", args.compare_fa2bwd)) if on)
+    variants = tuple(v for v in VARIANTS if getattr(args, f"compare_{v}"))
     rows = []
     for hdim in args.hdims:
         for causal in args.causal:

@@ -14,6 +14,13 @@
 
 namespace flash {
 
+// The environment switch `name` is set to `value` (read on every call, so benchmarks and tests can
+// time or check several kernel paths in one process).
+inline bool env_is(const char *name, const char *value) {
+    const char *env = std::getenv(name);
+    return env != nullptr && std::strcmp(env, value) == 0;
+}
+
 struct GridTile {
     int bh;          // batch * h + head
     int block;       // query block (forward) or key block (backward), in launch order
@@ -29,8 +36,7 @@ __device__ __forceinline__ GridTile grid_tile(bool block_major) {
 template <typename Params>
 inline dim3 tile_grid(Params &params, int num_blocks) {
     const int bh = params.b * params.h;
-    const char *env = std::getenv("FLASHGPT_GRID_ORDER");
-    params.block_major = bh <= 65535 && !(env != nullptr && std::strcmp(env, "head") == 0);
+    params.block_major = bh <= 65535 && !env_is("FLASHGPT_GRID_ORDER", "head");
     return params.block_major ? dim3(num_blocks, bh) : dim3(bh, num_blocks);
 }
 

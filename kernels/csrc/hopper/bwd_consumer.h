@@ -22,7 +22,6 @@
 namespace flash {
 namespace sm90 {
 
-
 // A fragments (mma.m16n8k16 A layout, k = the accumulator's columns) of a 64 x NQ accumulator
 // (N = NQ / 2 registers), 16 columns per step: NQ / 16 k16 steps.
 template <typename T, int N>
@@ -67,7 +66,7 @@ __device__ __forceinline__ void issue_st_dpt(float (&s)[N], float (&dp)[N], uint
 
 // P^T = exp2(S^T * scale_log2 - LSE * log2 e) in place; masked(key, query) -> 0 where it says so
 // (called only when need_mask). key0: this warp's first key (in the sequence), q0: the block's first
-// query. sL: the block's 64 LSE entries in shared memory, already times log2 e when kLseLog2 (the TMA
+// query. sL: the block's LSE entries in shared memory, already times log2 e when kLseLog2 (the TMA
 // kernel's producer scales them: one FMUL fewer per pair). The unmasked loop is a separate branch so
 // blocks away from the diagonal and the sequence end run no mask arithmetic (the select-based form
 // cost ~200 instructions per warp and block).
@@ -108,7 +107,7 @@ __device__ __forceinline__ void issue_rs_over_queries(float (&acc)[D / 2], const
 }
 
 // As issue_rs_over_queries with A from shared memory: a_rows is this warpgroup's 64 rows (keys) of a
-// swizzled 128-key x 64-query tile (P^T or dS^T, queries contiguous: K-major). The head-dim-64
+// swizzled 128-key x NQ-query tile (P^T or dS^T, queries contiguous: K-major). The head-dim-64
 // backward uses it for dV and dK: a register-A wgmma with N = 64 runs at ~42% of the tensor rate
 // when one warpgroup issues it (session 6 microbenchmark), the shared-memory form at 100%.
 template <typename T, int D, int NQ>
@@ -145,12 +144,11 @@ __device__ __forceinline__ void make_dst(const uint32_t (&a_p)[N / 8][4], const 
 
 // This warp's 16 key rows of dS^T (or P^T; fragments) into the swizzled 128-key x NQ-query tile sdS
 // (NQ = 16 KC; queries 64.. in the second atom column).
-// The address arithmetic is made opaque per call (an empty asm on g): otherwise the compiler hoists
+// The address arithmetic is made opaque per call (opaque(g)): otherwise the compiler hoists
 // the 4 KC loop-invariant offsets out of the block loop and, at KC = 8, spills them.
 template <int KC>
 __device__ __forceinline__ void store_dst(uint8_t *sdS, const uint32_t (&a_ds)[KC][4], int key_row0, int g, int t) {
-    int gg = g;
-    asm volatile("" : "+r"(gg));
+    const int gg = int(opaque(uint32_t(g)));
     uint8_t *row = sdS + (key_row0 + gg) * 128 + 4 * t;  // rows r = key_row0 + g (+8); r % 8 == g
 #pragma unroll
     for (int kc = 0; kc < KC; ++kc)

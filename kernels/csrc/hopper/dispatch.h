@@ -6,10 +6,9 @@
 // sessions 4-6 (kernels/NOTES.md): Hopper for head dims 64 and 128, forward and backward, but the
 // head-dim-64 backward below 2k keys.
 #pragma once
-#include <cstdlib>
-#include <cstring>
 #include <cuda_runtime.h>
 #include "../flash.h"
+#include "../grid_order.h"  // env_is
 #include "../utils.h"
 
 namespace flash {
@@ -23,8 +22,7 @@ inline bool enabled() {
         FLASH_CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         return major == 9;
     }();
-    const char *env = std::getenv("FLASHGPT_SM90");
-    return hopper && !(env != nullptr && std::strcmp(env, "0") == 0);
+    return hopper && !env_is("FLASHGPT_SM90", "0");
 #else
     return false;
 #endif
@@ -34,15 +32,13 @@ inline bool enabled() {
 // cp.async ones (flash_fwd_sm90.h, flash_bwd_sm90.h), unless FLASHGPT_SM90_WS=0 (read on every call:
 // the tests and kernels/bench.py --compare-cpasync run both).
 inline bool ws_kernels() {
-    const char *env = std::getenv("FLASHGPT_SM90_WS");
-    return !(env != nullptr && std::strcmp(env, "0") == 0);
+    return !env_is("FLASHGPT_SM90_WS", "0");
 }
 
 // The two consumer warpgroups of the TMA forward take turns on the tensor cores (pingpong), unless
 // FLASHGPT_SM90_PINGPONG=0 (read on every call; kernels/bench.py --compare-nopingpong).
 inline bool pingpong_forward() {
-    const char *env = std::getenv("FLASHGPT_SM90_PINGPONG");
-    return !(env != nullptr && std::strcmp(env, "0") == 0);
+    return !env_is("FLASHGPT_SM90_PINGPONG", "0");
 }
 
 enum Pass { kFwd = 0, kBwd = 1 };
@@ -57,15 +53,13 @@ inline bool default_choice(Pass pass, int head_dim, int seqlen_k) {
 // FLASHGPT_SM90_ALWAYS=1: the Hopper kernel wherever one exists, whatever the defaults and the tuning
 // cache say (read on every call; the tests' "hopper" path runs every shape through it).
 inline bool always_hopper() {
-    const char *env = std::getenv("FLASHGPT_SM90_ALWAYS");
-    return env != nullptr && std::strcmp(env, "1") == 0;
+    return env_is("FLASHGPT_SM90_ALWAYS", "1");
 }
 
 // The FA2 backward with the Hopper forward when FLASHGPT_SM90_BWD=0 (read on every call; kernels/bench.py
 // --compare-fa2bwd times the backward families under one forward).
 inline bool hopper_backward() {
-    const char *env = std::getenv("FLASHGPT_SM90_BWD");
-    return !(env != nullptr && std::strcmp(env, "0") == 0);
+    return !env_is("FLASHGPT_SM90_BWD", "0");
 }
 
 // The Hopper kernel for this launch? (Head dims 64 and 128, forward and backward.)

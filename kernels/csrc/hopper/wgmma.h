@@ -40,21 +40,15 @@ __host__ __device__ constexpr int swizzled_offset(int r, int c) {
 }
 
 // 64-bit shared-memory matrix descriptor: start address, leading / stride byte offsets (all >> 4),
-// swizzle mode 1 = 128 B (bits 62-63).
-// Without the 14-bit mask of smem_desc: for addresses below 2^18 (all of shared memory), where it is
-// a no-op -- two uniform instructions fewer per descriptor in the kernels' inner loops.
+// swizzle mode 1 = 128 B (bits 62-63). smem_desc_u18 leaves out the start field's 14-bit mask, a
+// no-op for addresses below 2^18 (all of shared memory): two uniform instructions fewer per
+// descriptor in the kernels' inner loops.
 __device__ __forceinline__ uint64_t smem_desc_u18(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
     return uint64_t(smem_addr >> 4) | (uint64_t((lbo_bytes >> 4) & 0x3FFF) << 16) |
            (uint64_t((sbo_bytes >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
 }
-
 __device__ __forceinline__ uint64_t smem_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-    uint64_t d = 0;
-    d |= uint64_t((smem_addr >> 4) & 0x3FFF);
-    d |= uint64_t((lbo_bytes >> 4) & 0x3FFF) << 16;
-    d |= uint64_t((sbo_bytes >> 4) & 0x3FFF) << 32;
-    d |= uint64_t(1) << 62;
-    return d;
+    return smem_desc_u18(smem_addr & (0x3FFFu << 4), lbo_bytes, sbo_bytes);
 }
 
 // desc advanced by off_bytes (a multiple of 16): the start address field is the low 14 bits, in
