@@ -17,6 +17,10 @@ Setups:
   eager_flash    the same with SDPA's FlashAttention-2 backend
   compile_flash  torch.compile(model) with SDPA flash
   compile_cudnn  torch.compile(model) with SDPA cuDNN
+A setup may carry trainer overrides after colons, for an A/B in one run:
+  ours_compile:engine.weight_cache=disabled
+--micro-batch B runs every setup with B sequences per forward and accum / B micro-batches per
+optimizer step (the same tokens per step).
 Plain steps feed random tokens already on the GPU and time with CUDA events (median of steps after
 warm-up). One more step of each setup runs under torch.profiler for the attention share of GPU
 kernel time (training/profiling.py), outside the timed steps. Model TFLOP/s per the paper: (6·N + 12·L·d·s) FLOPs per token; causal-aware: 6·N + 6·L·d·s.
@@ -42,7 +46,7 @@ from training.profiling import profile_call  # noqa: E402
 SDPA = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 
 
-def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, trace_dir: Path) -> dict:
+def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, micro: int, trace_dir: Path) -> dict:
     """Median seconds per optimizer step of a plain-PyTorch loop; peak memory in GB."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -54,7 +58,7 @@ def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, trace
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     fwd = torch.compile(model) if mode == "compile" else model
     T = mcfg.seq_len
-    data = torch.randint(0, mcfg.vocab_size, (accum, 1, T + 1), device="cuda")  # (accum, B=1, T+1)
+    data = torch.randint(0, mcfg.vocab_size, (accum, micro, T + 1), device="cuda")  # (accum, B, T+1)
     times = []
 
     def one_step():
@@ -79,18 +83,18 @@ def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, trace
     out = {"step_s": statistics.median(times), "mem_gb": torch.cuda.max_memory_allocated() / 1e9}
     with sdpa_kernel(getattr(SDPBackend, SDPA[backend])):
         _, shares = profile_call(one_step, torch.device("cuda"), trace_dir / f"{setup}.json")
-    out["attn_share"] = shares["time_share_attention"]
+    out["attn_share"], out["mm_share"] = shares["time_share_attention"], shares["time_share_matmul"]
     return out  # model, optimizer and data are freed with this frame
 
 
-def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum: int, run_name: str,
-                    trace_dir: Path) -> dict:
+def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum: int, micro: int,
+                    run_name: str, trace_dir: Path) -> dict:
     """Run the real trainer; read its own per-step metrics (what the W&B/JSON-lines log shows)."""
     from training.distributed import init_distributed
     from training.trainer import Trainer
 
     out_dir = str(trace_dir)
-    cfg = load_config(config, [f"train.global_batch_size={accum}", "train.micro_batch_size=1",
+    cfg = load_config(config, [f"train.global_batch_size={accum * micro}", f"train.micro_batch_size={micro}",
                                f"train.max_steps={warmup + steps + 1}", "train.eval_interval=0",
                                f"train.profile_step={warmup + steps + 1}",  # one extra, profiled step
                                "train.ckpt_interval=0", "train.save_final=false", "logging.wandb=disabled",
@@ -109,7 +113,7 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
     torch.cuda.empty_cache()
     mem = max(r.get("mem_max_alloc_gb") or 0.0 for r in records)  # the trainer resets the peak per log
     return {"step_s": statistics.median(times), "mem_gb": mem, "attention": backend,
-            "attn_share": shares["time_share_attention"]}
+            "attn_share": shares["time_share_attention"], "mm_share": shares["time_share_matmul"]}
 
 
 def main(argv=None) -> int:
@@ -118,7 +122,9 @@ def main(argv=None) -> int:
     p.add_argument("--setups", default="ours,ours_compile,eager_cudnn,compile_cudnn")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--accum", type=int, default=8, help="micro-batches (of 1 sequence) per optimizer step")
+    p.add_argument("--accum", type=int, default=8, help="sequences per optimizer step (micro-batches of 1)")
+    p.add_argument("--micro-batch", type=int, default=1,
+                   help="sequences per forward; accum / micro-batch micro-batches per optimizer step")
     p.add_argument("--trace-dir", type=Path, default=None,
                    help="where the profiled step's Chrome traces and top-kernel lists go (default: a temp dir)")
     p.add_argument("--keep-traces", action="store_true",
@@ -126,7 +132,10 @@ def main(argv=None) -> int:
     p.add_argument("overrides", nargs="*", help="config overrides for our trainer (key=value)")
     args = p.parse_args(argv)
     cfg = load_config(args.config)
-    tokens = args.accum * cfg.model.seq_len  # per optimizer step: accum micro-batches of one sequence
+    if args.micro_batch < 1 or args.accum % args.micro_batch:
+        raise SystemExit(f"--micro-batch {args.micro_batch} must divide --accum {args.accum}")
+    micro, n_micro = args.micro_batch, args.accum // args.micro_batch
+    tokens = args.accum * cfg.model.seq_len  # per optimizer step: accum sequences
     fpt, fpt_causal = cfg.model.flops_per_token(), cfg.model.flops_per_token(causal_aware=True)
     peak, peak_src = peak_flops(torch.device("cuda"))
     gemm = measure_gemm_ceiling(torch.device("cuda"))
@@ -134,38 +143,43 @@ def main(argv=None) -> int:
     trace_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for setup in args.setups.split(","):
+        name, *setup_overrides = setup.split(":")
         if setup.startswith("ours"):
-            parts = set(setup.split("_")[1:])
+            parts = set(name.split("_")[1:])
             if not parts <= {"flash", "sdpa", "compile"} or {"flash", "sdpa"} <= parts:
                 raise SystemExit(f"unknown setup {setup!r}: ours[_flash|_sdpa][_compile]")
             extra = [f"model.attention={a}" for a in ("flash", "sdpa") if a in parts] + \
                     [f"train.compile={'true' if 'compile' in parts else 'false'}"]
-            r = ours_step_times(args.config, [*args.overrides, *extra], args.steps, args.warmup, args.accum,
-                                setup, trace_dir)
+            r = ours_step_times(args.config, [*args.overrides, *extra, *setup_overrides], args.steps,
+                                args.warmup, n_micro, micro, f"run{len(rows)}_{name}", trace_dir)
         else:
-            r = plain_step_times(load_config(args.config), setup, args.steps, args.warmup, args.accum, trace_dir)
-            r["attention"] = f"sdpa {setup.split('_')[1]}"
+            if setup_overrides:
+                raise SystemExit(f"{setup!r}: overrides apply to our trainer's setups only")
+            r = plain_step_times(load_config(args.config), name, args.steps, args.warmup, n_micro, micro,
+                                 trace_dir)
+            r["attention"] = f"sdpa {name.split('_')[1]}"
         torch.cuda.empty_cache()
         if not args.keep_traces:
             for trace in [*trace_dir.glob("*.json"), *trace_dir.glob("*/profile_step_*.json")]:
                 trace.unlink()
         tok_s = tokens / r["step_s"]
         rows.append((setup, r["attention"], tok_s, fpt * tok_s / 1e12, fpt_causal * tok_s / 1e12, r["mem_gb"],
-                     r["attn_share"]))
+                     r["attn_share"], r["mm_share"]))
         print(f"[e2e] {setup}: {tok_s / 1e3:.1f}k tokens/s, {fpt * tok_s / 1e12:.0f} TFLOP/s (paper), "
               f"attention {100 * r['attn_share']:.1f}% of GPU time", flush=True)
     print(f"\n{args.config}: {cfg.model.num_params() / 1e6:.1f}M params, seq {cfg.model.seq_len}, "
-          f"{args.accum} x 1 micro-batches per step | {torch.cuda.get_device_name()} | torch {torch.__version__}"
+          f"{n_micro} x {micro} micro-batches per step | {torch.cuda.get_device_name()} | torch {torch.__version__}"
           f" | traces {trace_dir} | peak {peak_src} | measured bf16 GEMM ceiling {gemm / 1e12:.0f} TFLOP/s")
     base = next((r[3] for r in rows if r[0] == "eager_cudnn"), None)
     print("| setup | attention | tokens/s | TFLOP/s (paper) | TFLOP/s (causal) | MFU vs peak | vs GEMM ceiling "
-          "| peak mem GB | attention share of GPU time | ratio vs eager_cudnn |")
+          "| peak mem GB | GPU time: attention / matmul / other | ratio vs eager_cudnn |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for setup, attn, tok_s, tf, tfc, mem, share in rows:
+    for setup, attn, tok_s, tf, tfc, mem, share, mm in rows:
         ratio = f"{tf / base:.3f}" if base else "-"
         mfu = f"{100 * tf * 1e12 / peak:.1f}%" if peak else "n/a"
         print(f"| {setup} | {attn} | {tok_s / 1e3:.1f}k | {tf:.0f} | {tfc:.0f} | {mfu} | "
-              f"{100 * tf * 1e12 / gemm:.1f}% | {mem:.1f} | {100 * share:.1f}% | {ratio} |")
+              f"{100 * tf * 1e12 / gemm:.1f}% | {mem:.1f} | {100 * share:.1f}% / {100 * mm:.1f}% / "
+              f"{100 * (1 - share - mm):.1f}% | {ratio} |")
     return 0
 
 

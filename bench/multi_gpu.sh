@@ -19,7 +19,7 @@ RUN_TIMEOUT=${RUN_TIMEOUT:-240}
 # compile adds a minute to every run); COMPILE=true measures the GPU configs' default instead.
 COMPILE=${COMPILE:-false}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
-COMMON="train.global_batch_size=8 train.max_steps=$STEPS train.eval_interval=0 train.ckpt_interval=0 \
+COMMON="train.global_batch_size=8 train.micro_batch_size=1 train.max_steps=$STEPS train.eval_interval=0 train.ckpt_interval=0 \
 train.save_final=false logging.progress=false logging.wandb=disabled train.out_dir=$OUT data.cache_dir=$OUT/cache \
 train.compile=$COMPILE ${EXTRA:-}"
 mkdir -p $OUT

@@ -36,6 +36,7 @@ VARIANTS = {"fa2": ("FLASHGPT_SM90", "0"),                 # the FA2 (mma.sync) 
             "cpasync": ("FLASHGPT_SM90_WS", "0"),          # the cp.async wgmma kernels instead of the TMA ones
             "nopingpong": ("FLASHGPT_SM90_PINGPONG", "0"),  # TMA forward without the warpgroup pingpong
             "headmajor": ("FLASHGPT_GRID_ORDER", "head"),   # grids in head-major order (sessions 1-4)
+            "group1": ("FLASHGPT_GRID_GROUP", "1"),         # plain block-major launch order (sessions 5-6)
             "fa2bwd": ("FLASHGPT_SM90_BWD", "0")}           # the Hopper forward with the FA2 backward
 
 
@@ -73,8 +74,8 @@ def impls(causal: bool, deterministic: bool = False):
 
 
 def bench_row(hdim: int, seqlen: int, causal: bool, reps: int, det: bool,
-              only_ours: bool = False, variants: tuple[str, ...] = ()) -> dict:
-    batch, heads = TOKENS // seqlen, D_MODEL // hdim
+              only_ours: bool = False, variants: tuple[str, ...] = (), tokens: int = TOKENS) -> dict:
+    batch, heads = max(1, tokens // seqlen), D_MODEL // hdim
     torch.manual_seed(0)
     q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16,
                            requires_grad=True) for _ in range(3))
@@ -162,6 +163,11 @@ def main() -> None:
                     help="also time the TMA forward without pingpong (FLASHGPT_SM90_PINGPONG=0)")
     ap.add_argument("--compare-headmajor", action="store_true",
                     help="also time our kernels on head-major grids (FLASHGPT_GRID_ORDER=head)")
+    ap.add_argument("--compare-group1", action="store_true",
+                    help="also time our kernels in plain block-major launch order (FLASHGPT_GRID_GROUP=1)")
+    ap.add_argument("--tokens", type=int, default=TOKENS,
+                    help="batch * seqlen per row (16k: the sweep of BENCHMARKS.md; 8k at seqlen 8k = batch 1, "
+                         "the end-to-end step's shape)")
     ap.add_argument("--compare-fa2bwd", action="store_true",
                     help="also time the Hopper forward with the FA2 backward (FLASHGPT_SM90_BWD=0)")
     ap.add_argument("--json", default=None)
@@ -173,7 +179,7 @@ def main() -> None:
     for hdim in args.hdims:
         for causal in args.causal:
             for s in args.seqlens:
-                r = bench_row(hdim, s, bool(causal), args.reps, args.det, args.only_ours, variants)
+                r = bench_row(hdim, s, bool(causal), args.reps, args.det, args.only_ours, variants, args.tokens)
                 line = f"  hdim {hdim} causal {causal} seqlen {s}: ours {r['ours_fwd']:.0f}/{r['ours_fwdbwd']:.0f}"
                 if "ours_det_fwdbwd" in r:
                     line += f" (det f+b {r['ours_det_fwdbwd']:.0f})"
@@ -188,7 +194,7 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     if not args.only_ours:
-        print("\nTFLOP/s (fwd; f+b = fwd+bwd), bf16, batch*seqlen = 16k tokens, d_model 2048\n")
+        print(f"\nTFLOP/s (fwd; f+b = fwd+bwd), bf16, batch*seqlen = {args.tokens} tokens, d_model 2048\n")
         print(table(rows, args.det, variants))
 
 

@@ -45,7 +45,7 @@ class LMHead(nn.Linear):
         if fused:
             return fused_linear_cross_entropy(x, self.weight, targets)
         logits = super().forward(x)
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
 class Block(nn.Module):

@@ -62,6 +62,9 @@ class EngineConfig:
     overlap_comm: bool = True  # DeepSpeed ZeRO: overlap gradient reduction with the backward pass
     bucket_mb: int = 200  # DeepSpeed ZeRO / DDP: gradient bucket size, MB
     backend: str = "auto"  # process-group backend: auto (nccl on CUDA, gloo on CPU) | nccl | gloo
+    # torch engine, one process, autocast: cast the matmul weights to bf16 once per optimizer step, not
+    # once per micro-batch (training/weight_cache.py) | disabled
+    weight_cache: str = "auto"
 
 
 @dataclass
@@ -208,6 +211,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     _choice(cfg.engine.type, ("torch", "deepspeed"), "engine.type")
     _choice(cfg.engine.parallel, ("ddp", "fsdp"), "engine.parallel")
     _choice(cfg.engine.backend, ("auto", "nccl", "gloo"), "engine.backend")
+    _choice(cfg.engine.weight_cache, ("auto", "disabled"), "engine.weight_cache")
     _choice(cfg.engine.ds_optimizer, ("ours", "deepspeed"), "engine.ds_optimizer")
     if cfg.engine.bucket_mb <= 0:
         raise ConfigError(f"engine.bucket_mb={cfg.engine.bucket_mb} must be positive")

@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from training.config import Config, grad_accum_steps
 from training.distributed import DistInfo
 from training.optim import WarmupCosine, build_optimizer
+from training.weight_cache import WeightCache
 
 
 def autocast_dtype(cfg: Config, device: torch.device):
@@ -66,8 +67,28 @@ class Engine(ABC):
         return x, y
 
 
+def weight_cache_choice(cfg: Config, dist: DistInfo, amp_dtype) -> tuple:
+    """(use the low-precision weight cache?, why) for the plain torch engine."""
+    if cfg.engine.weight_cache == "disabled":
+        return False, "engine.weight_cache=disabled"
+    if amp_dtype is None:
+        return False, "no autocast (fp32 run): nothing to cast"
+    if dist.enabled:  # DDP reduces the gradients of the module's own parameters; copies would bypass it
+        return False, "DDP: gradients are reduced from the fp32 parameters"
+    return True, f"matmul weights cast to {str(amp_dtype).split('.')[-1]} once per optimizer step"
+
+
+def functional_forward(model: torch.nn.Module):
+    """model(*inputs) with some parameters replaced by the given tensors (the weight cache)."""
+    def run(params, *inputs):
+        return torch.func.functional_call(model, params, inputs)
+    return run
+
+
 class TorchEngine(Engine):
     """Plain PyTorch: one process, or DDP across the torchrun ranks (gloo on CPU, nccl on GPU)."""
+
+    weight_cache = None  # WeightCache when in use (one process, autocast): see training/weight_cache.py
 
     def __init__(self, model: torch.nn.Module, cfg: Config, dist: DistInfo):
         self.cfg, self.dist, self.device = cfg, dist, dist.device
@@ -85,6 +106,11 @@ class TorchEngine(Engine):
             wrapped = DDP(wrapped, device_ids=ids, bucket_cap_mb=cfg.engine.bucket_mb)
         self.wrapped = wrapped
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        use_cache, self.weight_cache_reason = weight_cache_choice(cfg, dist, self.amp_dtype)
+        if use_cache:
+            self.weight_cache = WeightCache(self.model, self.amp_dtype)
+            run = functional_forward(self.model)
+            self.cached_forward = torch.compile(run) if cfg.train.compile else run
 
     def forward_backward(self, batch, sync: bool) -> torch.Tensor:
         """One micro-batch. `sync=False` skips DDP's gradient all-reduce (all but the last
@@ -92,7 +118,10 @@ class TorchEngine(Engine):
         no_sync = self.dist.enabled and not sync
         with (self.wrapped.no_sync() if no_sync else contextlib.nullcontext()):
             with self.autocast():
-                loss = self.wrapped(*self._inputs(batch))
+                if self.weight_cache is not None:
+                    loss = self.cached_forward(self.weight_cache.tensors(), *self._inputs(batch))
+                else:
+                    loss = self.wrapped(*self._inputs(batch))
             (loss / self.accum).backward()
         return loss.detach()
 
@@ -118,6 +147,8 @@ class TorchEngine(Engine):
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
+        if self.weight_cache is not None:
+            self.weight_cache.invalidate()
         return {"grad_norm": norm, "lr": lr}
 
     @property
@@ -132,6 +163,8 @@ class TorchEngine(Engine):
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.weight_cache is not None:
+            self.weight_cache.invalidate()
 
     def save(self, directory: Path) -> None:
         """DDP keeps identical replicas: rank 0 writes one copy."""

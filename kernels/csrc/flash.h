@@ -39,7 +39,6 @@ struct Flash_fwd_params {
     float scale_softmax;       // softmax scale (usually 1/sqrt(d_original))
     float scale_softmax_log2;  // scale * log2(e): exp(x*scale) = exp2(x*scale_log2)
     bool is_causal;            // bottom-right aligned causal mask
-    bool block_major;          // grid order, set by tile_grid (grid_order.h)
 };
 
 struct Flash_bwd_params : public Flash_fwd_params {

@@ -36,7 +36,7 @@ flash_bwd_kernel_2d(const Flash_bwd_params params) {
     float *sLSE = reinterpret_cast<float *>(sdS + Kt::kSmemPElems);  // 2 x BM
     float *sDsum = sLSE + 2 * BM;                                      // 2 x BM
 
-    const GridTile tile = grid_tile(params.block_major);
+    const GridTile tile = grid_tile();
     const int n_block = tile.block;
     const int b = tile.bh / params.h, h = tile.bh % params.h;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;

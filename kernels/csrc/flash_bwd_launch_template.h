@@ -21,7 +21,7 @@ void launch_bwd(Flash_bwd_params &params, cudaStream_t stream, KernelFor kernel_
     const int num_n_blocks = flash::cdiv(params.seqlen_k, Kt::kBlockN);
     // Either grid order (grid_order.h) dispatches a head's low key blocks before its high ones:
     // deterministic mode waits on them.
-    const dim3 grid = flash::tile_grid(params, num_n_blocks);
+    const dim3 grid = flash::tile_grid(params, num_n_blocks, /*default_group=*/1);
     const bool is_even = params.cu_seqlens_q == nullptr && params.seqlen_q % Kt::kBlockM == 0 &&
                          params.seqlen_k % Kt::kBlockN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {

@@ -106,7 +106,7 @@ flash_fwd_kernel(const Flash_fwd_params params) {
     T *sK = sQ + Kt::kSmemQElems;               // 2 x (BN, S)
     T *sV = sK + 2 * Kt::kSmemKVElems;          // 2 x (BN, S)
 
-    const GridTile tile = grid_tile(params.block_major);
+    const GridTile tile = grid_tile();
     const int m_block = tile.num_blocks - 1 - tile.block;  // heaviest (causal) first
     const int b = tile.bh / params.h, h = tile.bh % params.h;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;

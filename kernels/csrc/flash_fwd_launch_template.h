@@ -14,7 +14,7 @@ template <typename Kt, bool Is_causal>
 void run_flash_fwd(Flash_fwd_params &params, cudaStream_t stream) {
     const int num_m_blocks = flash::cdiv(params.seqlen_q, Kt::kBlockM);
     // Query blocks reversed inside the kernel: longest (causal) first. Grid order: grid_order.h.
-    const dim3 grid = flash::tile_grid(params, num_m_blocks);
+    const dim3 grid = flash::tile_grid(params, num_m_blocks, /*default_group=*/1);
     const bool is_even = params.cu_seqlens_q == nullptr && params.seqlen_q % Kt::kBlockM == 0 &&
                          params.seqlen_k % Kt::kBlockN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {

@@ -1,12 +1,26 @@
 // Which (batch * head, block) each thread block of a forward or backward grid works on.
 //
-// Block-major grids (x = query or key block, y = batch * head) run the blocks of one (batch, head)
-// side by side: they share its K/V (forward) or its Q/dO reads and dQ reduce-adds (backward) in L2.
-// Head-major grids (x = batch * head, y = block), the order of sessions 1-4, put one block of each
-// of ~132 heads in a wave: at short sequences with many heads every block re-read its head's tensors
-// from HBM (16k tokens, 512 per sequence, head dim 128: 4x the K/V traffic; kernels/NOTES.md,
-// session 5). Block-major is the default; FLASHGPT_GRID_ORDER=head restores head-major (read on
-// every launch: kernels/bench.py --compare-headmajor), as does batch * heads above gridDim.y's limit.
+// Block-major order (the default since session 5) runs the blocks of one (batch, head) side by side:
+// they share its K/V (forward) or its Q/dO reads and dQ reduce-adds (backward) in L2. Head-major
+// order (sessions 1-4) puts one block of each of ~132 heads in a wave: at short sequences with many
+// heads every block re-read its head's tensors from HBM (16k tokens, 512 per sequence, head dim 128:
+// 4x the K/V traffic; kernels/NOTES.md, session 5). FLASHGPT_GRID_ORDER=head restores it (read on
+// every launch: kernels/bench.py --compare-headmajor).
+//
+// Heads in groups (session 7): CTAs start in launch order as SMs free up, so under a causal mask
+// (blocks of unequal work, heaviest first) the order is a list schedule. Plain block-major launches
+// one head's blocks heaviest to lightest, then the next head's: the last head's heaviest block starts
+// late and runs alone at the end (greedy-schedule model, 132 SMs, causal 8k, 16 heads: 11% over the
+// ideal at batch 1, 5.6% at batch 2). Launching G heads interleaved -- block 0 of heads 0..G-1, then
+// block 1 of each, ... -- comes within 0.1% of the ideal from G = 2, with the blocks in flight still
+// on ~G heads' tensors. Measured (H100, RESULTS v12): the Hopper kernels (one CTA per SM, the model's
+// case) gain up to 10% at batch 1, causal 8k; the FA2 kernels (several CTAs per SM) were mixed
+// (head dim 64 causal 1k backward -11%) and keep G = 1. The launch code passes its default G;
+// FLASHGPT_GRID_GROUP=G overrides it for every kernel (read per launch; 1 = plain block-major).
+//
+// One grid shape covers all three: grid (G, blocks, batch * heads / G), launch order x fastest, so
+// (batch * head) = z * G + x and block = y. Block-major is G = 1, head-major is G = batch * heads
+// (also the fallback above gridDim.z's limit of 65535). G is lowered to a divisor of batch * heads.
 #pragma once
 #include <cstdlib>
 #include <cstring>
@@ -27,17 +41,22 @@ struct GridTile {
     int num_blocks;  // blocks per (batch, head)
 };
 
-__device__ __forceinline__ GridTile grid_tile(bool block_major) {
-    return block_major ? GridTile{int(blockIdx.y), int(blockIdx.x), int(gridDim.x)}
-                       : GridTile{int(blockIdx.x), int(blockIdx.y), int(gridDim.y)};
+__device__ __forceinline__ GridTile grid_tile() {
+    return GridTile{int(blockIdx.z * gridDim.x + blockIdx.x), int(blockIdx.y), int(gridDim.y)};
 }
 
-// Host: the grid for `num_blocks` blocks per (batch, head); records the order in params.block_major.
+// Host: the grid for `num_blocks` blocks per (batch, head), heads grouped by `default_group` (or the
+// environment's G) as above.
 template <typename Params>
-inline dim3 tile_grid(Params &params, int num_blocks) {
+inline dim3 tile_grid(const Params &params, int num_blocks, int default_group) {
     const int bh = params.b * params.h;
-    params.block_major = bh <= 65535 && !env_is("FLASHGPT_GRID_ORDER", "head");
-    return params.block_major ? dim3(num_blocks, bh) : dim3(bh, num_blocks);
+    const char *env = std::getenv("FLASHGPT_GRID_GROUP");
+    int group = env != nullptr && std::atoi(env) >= 1 ? std::atoi(env) : default_group;
+    if (env_is("FLASHGPT_GRID_ORDER", "head")) group = bh;
+    group = group < bh ? group : bh;
+    while (bh % group != 0) --group;               // whole groups only
+    if (bh / group > 65535) group = bh;            // gridDim.z's limit: head-major
+    return dim3(group, num_blocks, bh / group);
 }
 
 }  // namespace flash

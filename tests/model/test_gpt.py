@@ -49,6 +49,18 @@ def test_forward_shapes_and_loss(kw):
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_strided_token_slices_are_accepted(fused):
+    """x and y as the usual slices of one (B, T+1) tensor (not contiguous for B > 1): both loss paths
+    take them and agree with contiguous copies."""
+    cfg = small(fused_loss=fused)
+    model = GPT(cfg)
+    tokens = torch.randint(0, cfg.vocab_size, (3, 18))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    assert not y.is_contiguous()
+    assert torch.equal(model(x, y), model(x.contiguous(), y.contiguous()))
+
+
 def test_too_long_sequence_is_a_clear_error():
     cfg = small()
     with pytest.raises(ValueError, match="seq_len"):

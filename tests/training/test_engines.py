@@ -47,8 +47,8 @@ def ddp_curve(straight):
 def test_deepspeed_config_is_generated_from_ours():
     cfg = load_config("gpt_1.3b_8k.yaml", ["engine.zero_stage=2", "engine.bucket_mb=100"])
     ds = deepspeed_config(cfg, world_size=4, device=torch.device("cuda"))
-    assert ds["train_batch_size"] == 64 and ds["train_micro_batch_size_per_gpu"] == 1
-    assert ds["gradient_accumulation_steps"] == 16  # 64 / (1 x 4)
+    assert ds["train_batch_size"] == 64 and ds["train_micro_batch_size_per_gpu"] == 2
+    assert ds["gradient_accumulation_steps"] == 8  # 64 / (2 x 4)
     assert ds["zero_optimization"]["stage"] == 2 and ds["zero_optimization"]["overlap_comm"]
     assert ds["zero_optimization"]["reduce_bucket_size"] == 100_000_000
     assert ds["bf16"]["enabled"] and ds["gradient_clipping"] == 1.0 and "optimizer" not in ds

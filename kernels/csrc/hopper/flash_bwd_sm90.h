@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_sm90_kernel(const Fl
     float *sLSE = reinterpret_cast<float *>(sdS + kBwdDSBytes);  // 2 x BM
     float *sDsum = sLSE + 2 * BM;                                 // 2 x BM
 
-    const GridTile tile = grid_tile(params.block_major);
+    const GridTile tile = grid_tile();
     const int n_block = tile.block;
     const int b = tile.bh / params.h, h = tile.bh % params.h;
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_sm90_kernel(const Fl
 template <typename T, int D, bool Is_causal>
 void run_flash_bwd_sm90(Flash_bwd_params &params, cudaStream_t stream) {
     using namespace flash::sm90;
-    const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_k, kBwdBN));
+    const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_k, kBwdBN), /*default_group=*/2);
     const bool is_even = params.cu_seqlens_q == nullptr && params.seqlen_q % kBwdBM == 0 &&
                          params.seqlen_k % kBwdBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {

@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     const uint32_t kv_full = s0 + L::bars, q_full = kv_full + 8, q_empty = q_full + 16, dq_full = q_empty + 16,
                    dq_empty = dq_full + 8;
 
-    const GridTile tile = grid_tile(params.block_major);
+    const GridTile tile = grid_tile();
     const int n_block = tile.block;
     const int b = tile.bh / params.h, h = tile.bh % params.h;
     // wg and warp through a shuffle: provably warp-uniform, so the compiler keeps what derives from
@@ -303,7 +303,7 @@ bool run_flash_bwd_sm90_ws(Flash_bwd_params &params, cudaStream_t stream) {
         !make_tile_map(&maps.v, params.v_ptr, bf16, D, k_rows, params.h_k, batch, params.v_row_stride,
                        params.v_head_stride, params.v_batch_stride, kBwsBN))
         return false;
-    const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_k, kBwsBN));
+    const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_k, kBwsBN), /*default_group=*/2);
     const bool is_even = !varlen && params.seqlen_q % BwsSmem<D>::BM == 0 && params.seqlen_k % kBwsBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
         auto kernel = &flash_bwd_sm90_ws_kernel<T, D, Is_causal, Is_even>;

@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Fl
     uint8_t *sK = smem + kFwdTileBytes;       // 2 buffers
     uint8_t *sV = smem + 3 * kFwdTileBytes;   // 2 buffers
 
-    const GridTile tile = grid_tile(params.block_major);
+    const GridTile tile = grid_tile();
     const int m_block = tile.num_blocks - 1 - tile.block;  // heaviest (causal) first
     const int b = tile.bh / params.h, h = tile.bh % params.h;
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) flash_fwd_sm90_kernel(const Fl
 
 template <typename T, int D, bool Is_causal>
 void run_flash_fwd_sm90(Flash_fwd_params &params, cudaStream_t stream) {
-    const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_q, flash::sm90::kFwdBM));
+    const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_q, flash::sm90::kFwdBM), /*default_group=*/2);
     const bool is_even = params.cu_seqlens_q == nullptr && params.seqlen_q % flash::sm90::kFwdBM == 0 &&
                          params.seqlen_k % flash::sm90::kFwdBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {

@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const uint32_t q_full = bar, k_full = bar + 8, v_full = k_full + 8 * S, k_empty = v_full + 8 * S,
                    v_empty = k_empty + 8 * S;
 
-    const GridTile tile = grid_tile(params.block_major);
+    const GridTile tile = grid_tile();
     const int m_block = tile.num_blocks - 1 - tile.block;  // heaviest (causal) first
     const int b = tile.bh / params.h, h = tile.bh % params.h;
     // wg and warp through a shuffle: provably warp-uniform, so what derives from them (shared-memory
@@ -202,7 +202,7 @@ bool run_flash_fwd_sm90_ws(Flash_fwd_params &params, cudaStream_t stream) {
         !make_tile_map(&maps.v, params.v_ptr, bf16, D, k_rows, params.h_k, batch, params.v_row_stride,
                        params.v_head_stride, params.v_batch_stride, kWsBN))
         return false;
-    const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM));
+    const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM), /*default_group=*/2);
     const bool is_even = !varlen && params.seqlen_q % kWsBM == 0 && params.seqlen_k % kWsBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
         BOOL_SWITCH(pingpong_forward(), Pingpong, [&] {

@@ -1,0 +1,92 @@
+"""Low-precision copies of the matmul weights, made once per optimizer step.
+
+Under bf16 autocast every forward casts each fp32 `nn.Linear` weight (and bias) to bf16, and every
+backward turns the bf16 weight gradient back into fp32 before adding it to `.grad`: per micro-batch
+that is ~14 bytes of memory traffic per parameter in small element-wise kernels (1.3B-8k on an H100:
+~3% of the step, bench/RESULTS.md, issue 7). With 8 accumulated micro-batches the weights do not
+change between them, so the cast only needs to happen once per optimizer step.
+
+`WeightCache` holds one bf16 copy (a leaf tensor that requires grad) per cached fp32 parameter. The
+engine runs the model with `torch.func.functional_call(model, cache.tensors(), ...)`, so the matmuls
+see the copies and autocast's cast of an already-bf16 tensor is a no-op. A post-accumulate-grad hook
+on each copy adds its bf16 gradient into the fp32 parameter's `.grad` (one kernel that reads the bf16
+gradient directly) and frees it. The arithmetic is the same as autocast's: the same bf16 weights in
+the forward, the same bf16 weight gradient added into fp32. The model, the optimizer, checkpoints,
+gradient clipping and evaluation keep seeing the fp32 parameters only.
+
+Cached: the weights and biases of `nn.Linear` modules whose weight is not shared with another module
+(the output head is tied to the fp32 token embedding, which autocast does not cast). LayerNorm and
+embedding parameters run in fp32 under autocast and stay as they are.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import torch
+import torch.nn as nn
+
+
+def cacheable_parameters(model: nn.Module) -> List[Tuple[str, nn.Parameter]]:
+    """(name, fp32 parameter) of every `nn.Linear` weight / bias that autocast would cast and that no
+    other module uses (tied weights keep autocast's own cast)."""
+    owners: Dict[int, int] = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    out = []
+    for prefix, module in model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        for name, p in module.named_parameters(recurse=False):
+            if p.requires_grad and p.dtype == torch.float32 and owners[id(p)] == 1:
+                out.append((f"{prefix}.{name}" if prefix else name, p))
+    return out
+
+
+class WeightCache:
+    """bf16 (or fp16) copies of a model's matmul parameters, refreshed once per optimizer step.
+
+        cache = WeightCache(model, torch.bfloat16)
+        loss = torch.func.functional_call(model, cache.tensors(), (x, y))   # each micro-batch
+        loss.backward()                     # the hooks add the copies' grads into the fp32 .grad
+        optimizer.step(); cache.invalidate()  # the next tensors() call copies the new weights
+    """
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype):
+        self.names, self.masters = [], []
+        for name, p in cacheable_parameters(model):
+            self.names.append(name)
+            self.masters.append(p)
+        self.copies = [torch.empty_like(p, dtype=dtype).requires_grad_() for p in self.masters]
+        for copy, master in zip(self.copies, self.masters):
+            copy.register_post_accumulate_grad_hook(self._folder(master))
+        self.stale = True
+
+    @staticmethod
+    def _folder(master: nn.Parameter):
+        def fold(copy: torch.Tensor) -> None:
+            """Add this micro-batch's low-precision gradient into the fp32 .grad; free it."""
+            if master.grad is None:
+                master.grad = copy.grad.to(master.dtype)
+            else:
+                master.grad.add_(copy.grad)  # fp32 += bf16, in one kernel
+            copy.grad = None
+        return fold
+
+    def __len__(self) -> int:
+        return len(self.copies)
+
+    def invalidate(self) -> None:
+        """The fp32 parameters changed (optimizer step, checkpoint load): copy again before use."""
+        self.stale = True
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        torch._foreach_copy_(self.copies, self.masters)  # one multi-tensor cast kernel
+        self.stale = False
+
+    def tensors(self) -> Dict[str, torch.Tensor]:
+        """name -> low-precision copy, current with the fp32 parameters (for functional_call)."""
+        if self.stale:
+            self.refresh()
+        return dict(zip(self.names, self.copies))
