@@ -1,13 +1,13 @@
 """flashgpt kernels: our FlashAttention-2 CUDA kernels (forward + backward) as torch.library ops.
 
-    from kernels import flash_attn_func, flash_attn_varlen_func, is_available, unavailable_reason
+    from kernels import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func, is_available
 
 Importing is cheap and works on a CPU-only machine without nvcc: the CUDA extension is built
 (JIT, cached) on the first kernel call, on is_available(), or with `python -m kernels.build`.
 Note: `kernels` is also the name of an unrelated registry package; this one is the repository's
 folder (installed editable), which a test checks.
 """
-from .flash_attn import flash_attn_func, flash_attn_varlen_func
+from .flash_attn import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
 
 
 def is_available() -> bool:
@@ -24,4 +24,5 @@ def unavailable_reason() -> str:
     return _reason()
 
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "is_available", "unavailable_reason"]
+__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func", "is_available",
+           "unavailable_reason"]

@@ -5,6 +5,12 @@ Ops (schema via torch.library.custom_op; fake kernels for torch.compile; autogra
                   softmax_scale, causal, deterministic) -> (out, lse)
     flashgpt::bwd(dout, q, k, v, out, lse, cu_seqlens_q?, cu_seqlens_k?, max_seqlen_q,
                   max_seqlen_k, softmax_scale, causal, deterministic) -> (dq, dk, dv)
+    flashgpt::fwd_qkvpacked(qkv, n_kv_heads, softmax_scale, causal, deterministic) -> (out, lse)
+    flashgpt::bwd_qkvpacked(dout, qkv, out, lse, n_kv_heads, softmax_scale, causal,
+                            deterministic) -> dqkv
+      qkv (batch, seqlen, heads + 2 kv_heads, d): q, k, v heads side by side per token (a fused
+      q/k/v projection's output viewed per head). The backward writes dq, dk, dv into one dqkv, so
+      the projection's gradient needs no concatenation (0.9% of a 1.3B-8k training step).
 
 Shapes: dense q (batch, seqlen_q, heads, d), k/v (batch, seqlen_k, heads_k, d), heads % heads_k == 0.
 Varlen: q (total_q, heads, d), k/v (total_k, heads_k, d), cu_seqlens int32 (batch + 1).
@@ -139,6 +145,93 @@ def _attention(*args):
     return _EagerFlash.apply(*args)
 
 
+def _split_qkv(qkv: Tensor, n_kv_heads: int):
+    """(batch, seqlen, heads + 2 kv_heads, d) -> views q (.., heads, d), k and v (.., kv_heads, d)."""
+    h = qkv.shape[-2] - 2 * n_kv_heads
+    return qkv[..., :h, :], qkv[..., h:h + n_kv_heads, :], qkv[..., h + n_kv_heads:, :]
+
+
+@torch.library.custom_op("flashgpt::fwd_qkvpacked", mutates_args=())
+def _fwd_packed_op(qkv: Tensor, n_kv_heads: int, softmax_scale: float, causal: bool,
+                   deterministic: bool) -> tuple[Tensor, Tensor]:
+    if not qkv.is_cuda:
+        raise ValueError(_device_message(qkv.device))
+    q, k, v = _split_qkv(qkv, n_kv_heads)
+    out, lse = _ext().fwd(q, k, v, None, None, qkv.shape[1], qkv.shape[1], softmax_scale, causal)
+    return out, lse
+
+
+@_fwd_packed_op.register_fake
+def _(qkv, n_kv_heads, softmax_scale, causal, deterministic):
+    b, s, n, d = qkv.shape
+    h = n - 2 * n_kv_heads
+    return qkv.new_empty((b, s, h, d)), qkv.new_empty((b, h, s), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashgpt::bwd_qkvpacked", mutates_args=())
+def _bwd_packed_op(dout: Tensor, qkv: Tensor, out: Tensor, lse: Tensor, n_kv_heads: int,
+                   softmax_scale: float, causal: bool, deterministic: bool) -> Tensor:
+    return _bwd_packed(_ext().bwd_into, dout, qkv, out, lse, n_kv_heads, softmax_scale, causal, deterministic)
+
+
+@_bwd_packed_op.register_fake
+def _(dout, qkv, out, lse, n_kv_heads, softmax_scale, causal, deterministic):
+    return torch.empty_like(qkv)
+
+
+def _bwd_packed(bwd_into, dout, qkv, out, lse, n_kv_heads, scale, causal, deterministic) -> Tensor:
+    """dqkv (like qkv): the backward writing dq, dk, dv into their slices of one tensor."""
+    dqkv = torch.empty_like(qkv)
+    bwd_into(dout.contiguous() if dout.stride(-1) != 1 else dout, *_split_qkv(qkv, n_kv_heads), out, lse,
+             None, None, qkv.shape[1], qkv.shape[1], scale, causal, deterministic, *_split_qkv(dqkv, n_kv_heads))
+    return dqkv
+
+
+def _setup_packed(ctx, inputs, output):
+    qkv, n_kv_heads, scale, causal, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(qkv, out, lse)
+    ctx.args = (n_kv_heads, scale, causal, deterministic)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward_packed(ctx, dout, dlse):
+    qkv, out, lse = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    return (_bwd_packed_op(dout.contiguous() if dout.stride(-1) != 1 else dout, qkv, out, lse, *ctx.args),
+            None, None, None, None)
+
+
+_fwd_packed_op.register_autograd(_backward_packed, setup_context=_setup_packed)
+
+
+class _EagerFlashPacked(torch.autograd.Function):
+    """flashgpt::fwd_qkvpacked / bwd_qkvpacked calling the binding directly (eager mode; see _EagerFlash)."""
+
+    @staticmethod
+    def forward(ctx, qkv, n_kv_heads, scale, causal, deterministic):
+        if not qkv.is_cuda:
+            raise ValueError(_device_message(qkv.device))
+        q, k, v = _split_qkv(qkv, n_kv_heads)
+        out, lse = _ext().fwd(q, k, v, None, None, qkv.shape[1], qkv.shape[1], scale, causal)
+        _setup_packed(ctx, (qkv, n_kv_heads, scale, causal, deterministic), (out, lse))
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        qkv, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        return _bwd_packed(_ext().bwd_into, dout, qkv, out, lse, *ctx.args), None, None, None, None
+
+
+def _attention_packed(*args):
+    if torch.compiler.is_compiling():
+        return _fwd_packed_op(*args)
+    return _EagerFlashPacked.apply(*args)
+
+
 # ---------------------------------------------------------------------------------------------
 # Validation (metadata only: traceable by torch.compile, no device sync)
 # ---------------------------------------------------------------------------------------------
@@ -244,6 +337,42 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                           q.shape[1], k.shape[1], scale, bool(causal), bool(deterministic))
     if d_pad != d:
         out = out[..., :d]
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_qkvpacked_func(qkv: Tensor, n_kv_heads: Optional[int] = None, causal: bool = False,
+                              softmax_scale: Optional[float] = None, deterministic: bool = False,
+                              return_lse: bool = False):
+    """Attention over a packed q/k/v tensor; the backward returns one gradient for it.
+
+    qkv: (batch, seqlen, heads + 2 * n_kv_heads, d), bf16/fp16 CUDA: per token the q heads, then the
+    k heads, then the v heads -- a fused q/k/v projection's output viewed per head. n_kv_heads
+    defaults to a third of the heads (no grouping). Same results as flash_attn_func on the three
+    slices; the backward writes dq, dk and dv into one tensor (no concatenation). A qkv that is not
+    contiguous, or a head dim that needs padding, goes through flash_attn_func on the slices.
+    """
+    name = "flash_attn_qkvpacked_func"
+    if not isinstance(qkv, Tensor) or qkv.dim() != 4:
+        raise ValueError(f"{name}: qkv must be a 4-D tensor (batch, seqlen, heads + 2 kv_heads, headdim), "
+                         f"got {tuple(qkv.shape) if isinstance(qkv, Tensor) else type(qkv).__name__}")
+    n = qkv.shape[2]
+    if n_kv_heads is None:
+        if n % 3:
+            raise ValueError(f"{name}: {n} packed heads is not 3 x heads; pass n_kv_heads for grouped-query "
+                             f"attention")
+        n_kv_heads = n // 3
+    if not (0 < n_kv_heads and 2 * n_kv_heads < n):
+        raise ValueError(f"{name}: n_kv_heads={n_kv_heads} leaves no q heads among {n} packed heads")
+    q, k, v = _split_qkv(qkv, n_kv_heads)
+    if qkv.dtype == torch.float32 and qkv.is_cuda and torch.is_autocast_enabled("cuda"):
+        qkv = qkv.to(torch.get_autocast_dtype("cuda"))
+        q, k, v = _split_qkv(qkv, n_kv_heads)
+    _validate(q, k, v, 4, name)
+    d = qkv.shape[-1]
+    if d not in _SUPPORTED_HDIMS or not qkv.is_contiguous():
+        return flash_attn_func(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                               deterministic=deterministic, return_lse=return_lse)
+    out, lse = _attention_packed(qkv, n_kv_heads, _scale(softmax_scale, d), bool(causal), bool(deterministic))
     return (out, lse) if return_lse else out
 
 

@@ -105,7 +105,15 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, rope_cache=None, cu_seqlens=None, max_seqlen=None):
         B, T, C = x.shape  # (batch, seq, d_model)
         kv_dim = self.n_kv_head * self.head_dim
-        q, k, v = self.qkv(x).split([C, kv_dim, kv_dim], dim=-1)
+        qkv = self.qkv(x)  # (B, T, C + 2 kv_dim): q heads, k heads, v heads
+        if self.backend == "flash" and not self.rotary and cu_seqlens is None:
+            # our kernel on the packed heads: its backward returns one d(qkv), no concatenation
+            import kernels
+
+            packed = qkv.view(B, T, self.n_head + 2 * self.n_kv_head, self.head_dim)
+            y = kernels.flash_attn_qkvpacked_func(packed, n_kv_heads=self.n_kv_head, causal=True)  # (B, T, H, D)
+            return self.dropout(self.proj(y.reshape(B, T, C)))
+        q, k, v = qkv.split([C, kv_dim, kv_dim], dim=-1)
         q = q.view(B, T, self.n_head, self.head_dim)  # (B, T, H, D)
         k = k.view(B, T, self.n_kv_head, self.head_dim)  # (B, T, Hkv, D)
         v = v.view(B, T, self.n_kv_head, self.head_dim)

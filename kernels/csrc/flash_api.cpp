@@ -118,12 +118,28 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     return {out, lse};
 }
 
-std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v,
-                                at::Tensor out, at::Tensor lse,
-                                c10::optional<at::Tensor> cu_seqlens_q,
-                                c10::optional<at::Tensor> cu_seqlens_k, int64_t max_seqlen_q,
-                                int64_t max_seqlen_k, double softmax_scale, bool causal,
-                                bool deterministic) {
+// An output gradient the caller provides (a view into a packed dqkv): same shape and dtype as its
+// input, last dim contiguous, rows 16-byte aligned, and heads contiguous within a row (the dQ
+// post-pass writes rows of h * d elements).
+void check_grad_out(const at::Tensor &g, const at::Tensor &like, const char *name) {
+    TORCH_CHECK(g.sizes() == like.sizes() && g.scalar_type() == like.scalar_type() && g.device() == like.device(),
+                "flashgpt: ", name, " must match its input's shape, dtype and device");
+    TORCH_CHECK(g.stride(-1) == 1 && g.stride(-2) == g.size(-1) && g.stride(-3) % 8 == 0 &&
+                    reinterpret_cast<uintptr_t>(g.data_ptr()) % 16 == 0,
+                "flashgpt: ", name, " needs contiguous heads in rows of a multiple of 8 elements, 16-byte aligned");
+    TORCH_CHECK(g.dim() == 3 || g.size(0) == 1 || g.stride(0) == g.size(1) * g.stride(1),
+                "flashgpt: ", name, "'s batches must be evenly strided rows");
+}
+
+// The backward; dq_out / dk_out / dv_out, when given, receive the gradients (views of one packed
+// dqkv tensor: no concatenation afterwards) and are returned.
+std::vector<at::Tensor> mha_bwd_into(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v,
+                                     at::Tensor out, at::Tensor lse,
+                                     c10::optional<at::Tensor> cu_seqlens_q,
+                                     c10::optional<at::Tensor> cu_seqlens_k, int64_t max_seqlen_q,
+                                     int64_t max_seqlen_k, double softmax_scale, bool causal,
+                                     bool deterministic, c10::optional<at::Tensor> dq_out,
+                                     c10::optional<at::Tensor> dk_out, c10::optional<at::Tensor> dv_out) {
     const bool varlen = cu_seqlens_q.has_value();
     check_cu(cu_seqlens_q, cu_seqlens_k);
     check_inputs(q, k, v, varlen);
@@ -135,13 +151,22 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
     c10::cuda::CUDAGuard guard(q.device());
 
     const int64_t h = q.size(-2), h_k = k.size(-2), d = q.size(-1);
-    at::Tensor dq = at::empty(q.sizes(), q.options());
+    TORCH_CHECK(dq_out.has_value() == dk_out.has_value() && dq_out.has_value() == dv_out.has_value(),
+                "flashgpt: give all of dq_out, dk_out, dv_out or none");
+    const bool into = dq_out.has_value();
+    if (into) {
+        check_grad_out(*dq_out, q, "dq_out");
+        check_grad_out(*dk_out, k, "dk_out");
+        check_grad_out(*dv_out, v, "dv_out");
+    }
+    at::Tensor dq = into ? *dq_out : at::empty(q.sizes(), q.options());
     at::Tensor dq_accum = at::empty(q.sizes(), q.options().dtype(at::kFloat));  // zeroed by the pre-pass
     // dK/dV per query head; summed over each group below when h_k < h (GQA/MQA).
     std::vector<int64_t> dk_shape(k.sizes().begin(), k.sizes().end());
     dk_shape[dk_shape.size() - 2] = h;
-    at::Tensor dk_exp = at::empty(dk_shape, k.options());
-    at::Tensor dv_exp = at::empty(dk_shape, k.options());
+    const bool direct_kv = into && h_k == h;  // the kernels write dK / dV straight into the caller's views
+    at::Tensor dk_exp = direct_kv ? *dk_out : at::empty(dk_shape, k.options());
+    at::Tensor dv_exp = direct_kv ? *dv_out : at::empty(dk_shape, k.options());
     at::Tensor dsum = at::empty_like(lse);
     poison(dq); poison(dk_exp); poison(dv_exp); poison(dsum); poison(dq_accum);
 
@@ -163,6 +188,7 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
     params.dv_batch_stride = varlen ? 0 : dv_exp.stride(0);
     params.dv_row_stride = dv_exp.stride(-3); params.dv_head_stride = dv_exp.stride(-2);
     params.dq_ptr = dq.data_ptr();
+    params.dq_out_row_stride = dq.stride(-3);
     params.dq_accum_ptr = dq_accum.data_ptr<float>();
     params.dsoftmax_sum_ptr = dsum.data_ptr<float>();
     params.dq_semaphore = deterministic ? sem.data_ptr<int>() : nullptr;
@@ -186,9 +212,23 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
         grouped.insert(grouped.end() - 1, h / h_k);
         dk = dk_exp.view(grouped).sum(-2, /*keepdim=*/false, at::kFloat).to(k.scalar_type());
         dv = dv_exp.view(grouped).sum(-2, false, at::kFloat).to(k.scalar_type());
+        if (into) {
+            dk = dk_out->copy_(dk);
+            dv = dv_out->copy_(dv);
+        }
     }
     (void)d;
     return {dq, dk, dv};
+}
+
+std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v,
+                                at::Tensor out, at::Tensor lse,
+                                c10::optional<at::Tensor> cu_seqlens_q,
+                                c10::optional<at::Tensor> cu_seqlens_k, int64_t max_seqlen_q,
+                                int64_t max_seqlen_k, double softmax_scale, bool causal,
+                                bool deterministic) {
+    return mha_bwd_into(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        softmax_scale, causal, deterministic, c10::nullopt, c10::nullopt, c10::nullopt);
 }
 
 // Hopper probe (kernels/csrc/hopper/wgmma_probe.cu): one 64-row tile through wgmma.
@@ -224,6 +264,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "flashgpt FlashAttention-2 kernels (forward, backward)";
     m.def("fwd", &mha_fwd, "FlashAttention-2 forward: returns [out, lse]");
     m.def("bwd", &mha_bwd, "FlashAttention-2 backward: returns [dq, dk, dv]");
+    m.def("bwd_into", &mha_bwd_into, "the backward into given dq, dk, dv (views of a packed dqkv)");
     m.def("wgmma_probe", &wgmma_probe, "tests: C1 = a b^T and C2 = bf16(C1) v through Hopper wgmma");
     m.def("set_debug_poison", &set_debug_poison, "tests: fill outputs with NaN before each launch");
     m.def("set_sm90_choice", &set_sm90_choice, "Hopper dispatch per shape class (kernels/tune.py): "

@@ -15,7 +15,8 @@ void run_bwd_convert_dq(Flash_bwd_params &params, cudaStream_t stream) {
     const int threads = 256;
     const int64_t blocks = std::min<int64_t>((n4 + threads - 1) / threads, 132 * 16);
     flash::flash_bwd_convert_dq_kernel<T><<<int(blocks), threads, 0, stream>>>(
-        params.dq_accum_ptr, reinterpret_cast<T *>(params.dq_ptr), n4, params.scale_softmax);
+        params.dq_accum_ptr, reinterpret_cast<T *>(params.dq_ptr), n4, params.scale_softmax,
+        int64_t(params.h) * params.d / 4, params.dq_out_row_stride / 4);
     FLASH_KERNEL_LAUNCH_CHECK();
 }
 

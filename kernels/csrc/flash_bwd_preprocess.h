@@ -2,7 +2,8 @@
 //   pre-pass:  D = rowsum(dO o O) in fp32, 16 threads per query row (8-byte loads), laid out like
 //              LSE; and dq_accum zeroed (each block a contiguous slice of the flat buffer: no
 //              separate memset kernel, and rows outside every varlen sequence are zeroed too).
-//   post-pass: dQ = dq_accum * softmax_scale, fp32 -> bf16/fp16, 4 elements per thread.
+//   post-pass: dQ = dq_accum * softmax_scale, fp32 -> bf16/fp16, 4 elements per thread; dQ's rows may
+//              sit further apart than dq_accum's (a view of a packed dqkv gradient).
 #pragma once
 #include "flash.h"
 #include "flash_fwd_kernel.h"  // SeqInfo
@@ -47,16 +48,22 @@ flash_bwd_preprocess_kernel(const Flash_bwd_params params, int64_t dq_accum_n4) 
     if (in_seq && lane == 0) params.dsoftmax_sum_ptr[seq.lse_off(params, b, h) + row] = acc;
 }
 
+// row4: float4s per dq_accum row (h * d / 4); out_row4: dQ's row stride in 4-element units.
 template <typename T>
 __global__ void flash_bwd_convert_dq_kernel(const float *__restrict__ dq_accum, T *__restrict__ dq,
-                                            int64_t n4, float scale) {
+                                            int64_t n4, float scale, int64_t row4, int64_t out_row4) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4;
          i += int64_t(gridDim.x) * blockDim.x) {
         const float4 v = reinterpret_cast<const float4 *>(dq_accum)[i];
         uint2 out;
         out.x = pack2<T>(v.x * scale, v.y * scale);
         out.y = pack2<T>(v.z * scale, v.w * scale);
-        reinterpret_cast<uint2 *>(dq)[i] = out;
+        int64_t o = i;
+        if (out_row4 != row4) {  // uniform: a strided view (the division only then)
+            const int64_t row = i / row4;
+            o = row * out_row4 + (i - row * row4);
+        }
+        reinterpret_cast<uint2 *>(dq)[o] = out;
     }
 }
 

@@ -66,6 +66,19 @@ def test_validation_value_errors(make, match):
         kernels.flash_attn_func(q, k, v)
 
 
+@pytest.mark.parametrize("make, kv, match", [
+    (lambda: torch.randn(2, 8, 64, dtype=torch.bfloat16), None, "4-D"),
+    (lambda: torch.randn(1, 8, 4, 64, dtype=torch.bfloat16), None, "not 3 x heads"),
+    (lambda: torch.randn(1, 8, 4, 64, dtype=torch.bfloat16), 2, "leaves no q heads"),
+    (lambda: torch.randn(1, 8, 7, 64, dtype=torch.bfloat16), 2, "multiple"),  # 3 q heads over 2 kv heads
+    (lambda: torch.randn(1, 8, 6, 64, dtype=torch.float32), None, "dtype"),
+    (lambda: torch.randn(1, 8, 5, 64, dtype=torch.bfloat16), 1, "CUDA"),  # valid (3 q heads, 1 kv): device
+])
+def test_qkvpacked_validation(make, kv, match):
+    with pytest.raises(ValueError, match=match):
+        kernels.flash_attn_qkvpacked_func(make(), n_kv_heads=kv)
+
+
 def test_varlen_mismatched_cu_seqlens():
     q = torch.randn(10, 2, 64, dtype=torch.bfloat16)
     cu_q = torch.tensor([0, 4, 10], dtype=torch.int32)
