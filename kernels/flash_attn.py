@@ -151,14 +151,19 @@ def _split_qkv(qkv: Tensor, n_kv_heads: int):
     return qkv[..., :h, :], qkv[..., h:h + n_kv_heads, :], qkv[..., h + n_kv_heads:, :]
 
 
+def _fwd_packed(qkv: Tensor, n_kv_heads: int, softmax_scale: float, causal: bool) -> tuple[Tensor, Tensor]:
+    """(out, lse) of the binding's forward on qkv's head slices."""
+    if not qkv.is_cuda:
+        raise ValueError(_device_message(qkv.device))
+    out, lse = _ext().fwd(*_split_qkv(qkv, n_kv_heads), None, None, qkv.shape[1], qkv.shape[1], softmax_scale,
+                          causal)
+    return out, lse
+
+
 @torch.library.custom_op("flashgpt::fwd_qkvpacked", mutates_args=())
 def _fwd_packed_op(qkv: Tensor, n_kv_heads: int, softmax_scale: float, causal: bool,
                    deterministic: bool) -> tuple[Tensor, Tensor]:
-    if not qkv.is_cuda:
-        raise ValueError(_device_message(qkv.device))
-    q, k, v = _split_qkv(qkv, n_kv_heads)
-    out, lse = _ext().fwd(q, k, v, None, None, qkv.shape[1], qkv.shape[1], softmax_scale, causal)
-    return out, lse
+    return _fwd_packed(qkv, n_kv_heads, softmax_scale, causal)
 
 
 @_fwd_packed_op.register_fake
@@ -195,12 +200,16 @@ def _setup_packed(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _backward_packed(ctx, dout, dlse):
+def _backward_packed_with(bwd, ctx, dout):
+    """Gradients of the 5 forward inputs, dqkv from `bwd` (the op, or _bwd_packed on the binding)."""
     qkv, out, lse = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    return (_bwd_packed_op(dout.contiguous() if dout.stride(-1) != 1 else dout, qkv, out, lse, *ctx.args),
-            None, None, None, None)
+    return bwd(dout, qkv, out, lse, *ctx.args), None, None, None, None
+
+
+def _backward_packed(ctx, dout, dlse):
+    return _backward_packed_with(_bwd_packed_op, ctx, dout)
 
 
 _fwd_packed_op.register_autograd(_backward_packed, setup_context=_setup_packed)
@@ -211,19 +220,13 @@ class _EagerFlashPacked(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qkv, n_kv_heads, scale, causal, deterministic):
-        if not qkv.is_cuda:
-            raise ValueError(_device_message(qkv.device))
-        q, k, v = _split_qkv(qkv, n_kv_heads)
-        out, lse = _ext().fwd(q, k, v, None, None, qkv.shape[1], qkv.shape[1], scale, causal)
+        out, lse = _fwd_packed(qkv, n_kv_heads, scale, causal)
         _setup_packed(ctx, (qkv, n_kv_heads, scale, causal, deterministic), (out, lse))
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        qkv, out, lse = ctx.saved_tensors
-        if dout is None:
-            dout = torch.zeros_like(out)
-        return _bwd_packed(_ext().bwd_into, dout, qkv, out, lse, *ctx.args), None, None, None, None
+        return _backward_packed_with(lambda *a: _bwd_packed(_ext().bwd_into, *a), ctx, dout)
 
 
 def _attention_packed(*args):
@@ -363,10 +366,9 @@ def flash_attn_qkvpacked_func(qkv: Tensor, n_kv_heads: Optional[int] = None, cau
         n_kv_heads = n // 3
     if not (0 < n_kv_heads and 2 * n_kv_heads < n):
         raise ValueError(f"{name}: n_kv_heads={n_kv_heads} leaves no q heads among {n} packed heads")
-    q, k, v = _split_qkv(qkv, n_kv_heads)
     if qkv.dtype == torch.float32 and qkv.is_cuda and torch.is_autocast_enabled("cuda"):
-        qkv = qkv.to(torch.get_autocast_dtype("cuda"))
-        q, k, v = _split_qkv(qkv, n_kv_heads)
+        qkv = qkv.to(torch.get_autocast_dtype("cuda"))  # as _autocast does for the separate tensors
+    q, k, v = _split_qkv(qkv, n_kv_heads)
     _validate(q, k, v, 4, name)
     d = qkv.shape[-1]
     if d not in _SUPPORTED_HDIMS or not qkv.is_contiguous():

@@ -106,7 +106,7 @@ class TorchEngine(Engine):
             wrapped = DDP(wrapped, device_ids=ids, bucket_cap_mb=cfg.engine.bucket_mb)
         self.wrapped = wrapped
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        use_cache, self.weight_cache_reason = weight_cache_choice(cfg, dist, self.amp_dtype)
+        use_cache, _ = weight_cache_choice(cfg, dist, self.amp_dtype)
         if use_cache:
             self.weight_cache = WeightCache(self.model, self.amp_dtype)
             run = functional_forward(self.model)

@@ -60,6 +60,7 @@ class WeightCache:
         self.copies = [torch.empty_like(p, dtype=dtype).requires_grad_() for p in self.masters]
         for copy, master in zip(self.copies, self.masters):
             copy.register_post_accumulate_grad_hook(self._folder(master))
+        self.by_name = dict(zip(self.names, self.copies))  # the same tensors every step: built once
         self.stale = True
 
     @staticmethod
@@ -89,4 +90,4 @@ class WeightCache:
         """name -> low-precision copy, current with the fp32 parameters (for functional_call)."""
         if self.stale:
             self.refresh()
-        return dict(zip(self.names, self.copies))
+        return self.by_name
