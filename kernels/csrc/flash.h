@@ -48,6 +48,8 @@ struct Flash_bwd_params : public Flash_fwd_params {
     void *__restrict__ dq_ptr;   // dQ in the input dtype: rows of h * d elements, dq_out_row_stride apart
     int64_t dq_out_row_stride;   // elements between dQ rows (h * d, or more when dQ is a view of a packed dqkv)
     float *__restrict__ dq_accum_ptr;       // fp32 (b, seqlen_q, h, d) or (total_q, h, d), contiguous; pre-pass zeroes it
+    int64_t dq_accum_floats;                // its size: room for either layout (row-major or tiled)
+    bool dq_accum_tiled;                    // set by the kernel that ran: tiles of hopper/dq_tiles.h, else row-major
     float *__restrict__ dsoftmax_sum_ptr;   // D = rowsum(dO * O), laid out like lse
     int *__restrict__ dq_semaphore;         // deterministic mode: one counter per (b, h, q block), zeroed
 

@@ -8,10 +8,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "flash.h"
+#include "hopper/dq_tiles.h"
 #include "static_switch.h"
 
 namespace {
@@ -160,7 +162,6 @@ std::vector<at::Tensor> mha_bwd_into(at::Tensor dout, at::Tensor q, at::Tensor k
         check_grad_out(*dv_out, v, "dv_out");
     }
     at::Tensor dq = into ? *dq_out : at::empty(q.sizes(), q.options());
-    at::Tensor dq_accum = at::empty(q.sizes(), q.options().dtype(at::kFloat));  // zeroed by the pre-pass
     // dK/dV per query head; summed over each group below when h_k < h (GQA/MQA).
     std::vector<int64_t> dk_shape(k.sizes().begin(), k.sizes().end());
     dk_shape[dk_shape.size() - 2] = h;
@@ -168,11 +169,19 @@ std::vector<at::Tensor> mha_bwd_into(at::Tensor dout, at::Tensor q, at::Tensor k
     at::Tensor dk_exp = direct_kv ? *dk_out : at::empty(dk_shape, k.options());
     at::Tensor dv_exp = direct_kv ? *dv_out : at::empty(dk_shape, k.options());
     at::Tensor dsum = at::empty_like(lse);
-    poison(dq); poison(dk_exp); poison(dv_exp); poison(dsum); poison(dq_accum);
-
     Flash_bwd_params params;
     fill_fwd_params(params, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                     softmax_scale, causal);
+    // fp32 dQ accumulator, zeroed by the pre-pass: row-major like q, or (the Hopper TMA backward)
+    // whole query-block tiles (hopper/dq_tiles.h), which round each sequence up to a block.
+    const int64_t row_floats = q.numel();
+    const int64_t tiled_floats = flash::dq_tiles::supported(int(d))
+                                     ? h * flash::dq_tiles::tiles_per_head(params) * flash::dq_tiles::kFloats
+                                     : 0;
+    params.dq_accum_floats = std::max(row_floats, tiled_floats);
+    params.dq_accum_tiled = false;
+    at::Tensor dq_accum = at::empty({params.dq_accum_floats}, q.options().dtype(at::kFloat));
+    poison(dq); poison(dk_exp); poison(dv_exp); poison(dsum); poison(dq_accum);
     const int b = params.b;
     at::Tensor sem;
     if (deterministic) {

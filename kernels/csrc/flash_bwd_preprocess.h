@@ -3,10 +3,12 @@
 //              LSE; and dq_accum zeroed (each block a contiguous slice of the flat buffer: no
 //              separate memset kernel, and rows outside every varlen sequence are zeroed too).
 //   post-pass: dQ = dq_accum * softmax_scale, fp32 -> bf16/fp16, 4 elements per thread; dQ's rows may
-//              sit further apart than dq_accum's (a view of a packed dqkv gradient).
+//              sit further apart than dq_accum's (a view of a packed dqkv gradient). dq_accum is
+//              row-major, or tiled (hopper/dq_tiles.h: one thread block per tile).
 #pragma once
 #include "flash.h"
 #include "flash_fwd_kernel.h"  // SeqInfo
+#include "hopper/dq_tiles.h"
 #include "utils.h"
 
 namespace flash {
@@ -64,6 +66,34 @@ __global__ void flash_bwd_convert_dq_kernel(const float *__restrict__ dq_accum, 
             o = row * out_row4 + (i - row * row4);
         }
         reinterpret_cast<uint2 *>(dq)[o] = out;
+    }
+}
+
+// Tiled accumulator: block (m, h, b) converts tile (b, h, m) -- 8192 / d queries x d -- reading it in
+// order (16-byte loads, coalesced) and writing each 4-column chunk to its row of dQ (8-byte stores).
+constexpr int kConvertTileThreads = 256;
+template <typename T>
+__global__ void __launch_bounds__(kConvertTileThreads) flash_bwd_convert_dq_tiles_kernel(const Flash_bwd_params params) {
+    const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = params.d, tr = dq_tiles::tile_rows(d);
+    const SeqInfo seq(params, b);
+    const int rows = seq.sq - m * tr;  // rows of this tile inside the sequence
+    if (rows <= 0) return;
+    const float4 *tile = reinterpret_cast<const float4 *>(
+        params.dq_accum_ptr + dq_tiles::tile_offset(params, b, h, seq.q_start) + int64_t(m) * dq_tiles::kFloats);
+    // dQ at (query m * tr of this sequence, head h); rows of h * d elements, dq_out_row_stride apart
+    T *dq0 = reinterpret_cast<T *>(params.dq_ptr) +
+             (params.cu_seqlens_q ? int64_t(seq.q_start) : int64_t(b) * params.seqlen_q) * params.dq_out_row_stride +
+             int64_t(m) * tr * params.dq_out_row_stride + int64_t(h) * d;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < dq_tiles::kFloats / 4; i += kConvertTileThreads) {
+        int r, col;
+        dq_tiles::chunk_position(i, d, r, col);
+        if (r >= rows) continue;
+        const float4 v = tile[i];
+        uint2 out;
+        out.x = pack2<T>(v.x * params.scale_softmax, v.y * params.scale_softmax);
+        out.y = pack2<T>(v.z * params.scale_softmax, v.w * params.scale_softmax);
+        *reinterpret_cast<uint2 *>(dq0 + int64_t(r) * params.dq_out_row_stride + col) = out;
     }
 }
 

@@ -168,17 +168,17 @@ __device__ __forceinline__ void issue_dq(float (&dq)[32], uint32_t ds_base, uint
     wgmma_commit();
 }
 
-// A 64 x (2 * NJ * 4) fp32 accumulator slice (rows warp*16 + g (+8), columns col0 + 8j + 2t) into
-// rows of `row_bytes` bytes at dst: the dQ staging buffer that the bulk reduce-add reads.
-template <int NJ>
-__device__ __forceinline__ void store_acc_rows(uint8_t *dst, int row_bytes, const float (&acc)[NJ * 4], int col0,
-                                               int warp, int g, int t) {
+// The warpgroup's 64 x 64 fp32 dQ slice into its 16 KB sub-tile of a dq_tiles.h tile (staging copy):
+// row r = warp * 16 + g (+8) holds 16 chunks of 4 floats, chunk c at position c ^ (r % 8) (r % 8 == g),
+// so the eight rows of a store land in different banks.
+__device__ __forceinline__ void store_acc_subtile(uint8_t *half, const float (&acc)[32], int warp, int g, int t) {
+    const int gg = int(opaque(uint32_t(g)));
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-        uint8_t *row = dst + (warp * 16 + g + 8 * hr) * row_bytes + (col0 + 2 * t) * 4;
+        uint8_t *row = half + (warp * 16 + gg + 8 * hr) * 256 + (t % 2) * 8;
 #pragma unroll
-        for (int j = 0; j < NJ; ++j)
-            *reinterpret_cast<float2 *>(row + j * 32) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
+        for (int j = 0; j < 8; ++j)  // columns 8j + 2t, 8j + 2t + 1: chunk 2j + t / 2
+            *reinterpret_cast<float2 *>(row + (((2 * j + t / 2) ^ gg) * 16)) = make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
     }
 }
 

@@ -7,8 +7,8 @@
 //   Warpgroup 0, the producer (setmaxnreg 24): warp 0 lane 0 issues the TMA loads (K and V once;
 //   Q and dO of each query block into a 2-slot ring); warp 1 copies each block's BM LSE (times
 //   log2 e) and D entries into the ring (zero past the sequence); warp 2 adds each block's dQ from
-//   shared memory to dq_accum with cp.reduce.async.bulk, one row per instruction (in key-block
-//   order if deterministic).
+//   shared memory to the tiled fp32 accumulator (dq_tiles.h: a block is one 32 KB tile) with two
+//   16 KB cp.reduce.async.bulk instructions (in key-block order if deterministic).
 //   Warpgroups 1 and 2, the consumers (setmaxnreg 240), own keys 0..63 and 64..127 and run the
 //   per-query-block steps of bwd_consumer.h; they meet once per block at a named barrier (both
 //   halves of dS^T are needed by each one's part of dQ: head-dim columns 64cw.. at 128, queries
@@ -16,17 +16,17 @@
 // Synchronisation (mbarriers, tma.h; parities as in flash_fwd_sm90_ws.h):
 //   kv_full: K and V landed (1 arrival + bytes).  q_full[s]: Q, dO (1 arrival + bytes) and LSE, D
 //   (32 arrivals, warp 1) of slot s.  q_empty[s]: 256 consumer arrivals once slot s is read.
-//   dq_full: 256 consumer arrivals once the block's dQ is in shared memory; dq_empty: 1 arrival
-//   from warp 2 once the bulk unit has read it.  dS^T is double-buffered: the named barrier of
-//   block it is passed only after both warpgroups finished dQ of block it-1, so writing buffer
-//   (it+1) % 2 = (it-1) % 2 after it is safe.
+//   dq_full[u]: 256 consumer arrivals once a block's dQ is in staging buffer u; dq_empty[u]: 1 arrival
+//   from warp 2 once the bulk unit has read it. Block it is staged in buffer it % 2 and warp 2 keeps
+//   two blocks' reduce-adds queued (it frees block it-1's buffer after issuing block it's).
+//   dS^T is double-buffered: the named barrier of block it is passed only after both warpgroups
+//   finished dQ of block it-1, so writing buffer (it+1) % 2 = (it-1) % 2 after it is safe.
 // Ragged edges: TMA zero-fills rows past a tensor's end but, packed (varlen), reads the next
 // sequence's rows; P^T is therefore masked to 0 for keys >= sk and queries >= sq, which zeroes their
 // dS^T too (dQ/dK/dV rows past the sequence are never written).
-// Shared memory (BwsSmem), head dim 128: K, V 32 K each; Q, dO 2 x 16 K each; dS^T 2 x 16 K; dQ 64
-// rows x 528 (fp32, rows padded by 16 bytes against bank conflicts); LSE, D 2 x 256 each; barriers:
-// 194 KB. Head dim 64: K, V 16 K each; Q, dO 2 x 16 K each; dS^T (P^T first) 2 x 32 K; dQ 128 x
-// 272; LSE, D 2 x 512 each: 196 KB.
+// Shared memory (BwsSmem), head dim 128: K, V 32 K each; Q, dO 2 x 16 K each; dS^T 2 x 16 K; dQ 2 x
+// 32 K (tile copies); LSE, D 2 x 256 each; barriers: 225 KB. Head dim 64: K, V 16 K each; Q, dO 2 x
+// 16 K each; dS^T (P^T first) 2 x 32 K; dQ 2 x 32 K; LSE, D 2 x 512 each: 226 KB.
 #pragma once
 #include <type_traits>
 #include "../flash.h"
@@ -34,11 +34,34 @@
 #include "../static_switch.h"
 #include "../utils.h"
 #include "bwd_consumer.h"
+#include "dq_tiles.h"
 #include "tma.h"
 #include "wgmma.h"
 
 namespace flash {
 namespace sm90 {
+
+#ifdef FLASHGPT_BWD_TRACE
+// Diagnostic timeline (bench/bwd_trace.cu builds with -DFLASHGPT_BWD_TRACE; the extension never does):
+// the SM clock at each phase point of each step, written by lane 0 of warp 0 of each consumer
+// warpgroup ([0], [1]) and of the dQ warp ([2]) of one CTA: head 0 of batch 0, key block
+// g_bwd_trace_block. [w][it][point], points as named at each BWD_TRACE below.
+__device__ int g_bwd_trace_block;
+__device__ uint32_t g_bwd_trace[3][512][12];
+#define BWD_TRACE(on, w, it, point)                                                    \
+    do {                                                                               \
+        if (on) {                                                                      \
+            uint32_t c_;                                                               \
+            asm volatile("mov.u32 %0, %%clock;\n" : "=r"(c_)::"memory");              \
+            if ((it) < 512) g_bwd_trace[w][it][point] = c_;                            \
+        }                                                                              \
+    } while (0)
+#else
+#define BWD_TRACE(on, w, it, point) \
+    do {                            \
+        (void)(on);                 \
+    } while (0)
+#endif
 
 struct BwdTmaMaps {
     CUtensorMap q, k, v, dO;  // make_tile_map(): boxes of 64 columns x 64 (q, dO) / 128 (k, v) rows
@@ -52,10 +75,14 @@ struct BwsSmem {
     static constexpr int BM = D == 64 ? 128 : 64;                // queries per block (step)
     static constexpr int KV = kBwsBN * D * 2, Q = BM * D * 2;    // one K / V tile, one Q / dO slot
     static constexpr int DS = kBwsBN * BM * 2;                   // one dS^T buffer (head dim 64: P^T first)
-    static constexpr int DQRow = D * 4 + 16;                     // fp32 dQ row, padded (bank conflicts)
+    // dQ staging: two copies of a tile of the tiled accumulator (dq_tiles.h; 32 KB, swizzled), so the
+    // consumers stage block it + 1 while the bulk unit may still read block it.
+    static constexpr int DQS = 2, DQBuf = dq_tiles::kFloats * 4;
     static constexpr int V = KV, Qs = 2 * KV, dO = Qs + 2 * Q, dS = dO + 2 * Q, dQ = dS + 2 * DS;
-    static constexpr int stats = dQ + BM * DQRow;  // LSE[2][BM], D[2][BM]
-    static constexpr int bars = stats + 4 * BM * 4, bytes = bars + 7 * 8;
+    static constexpr int stats = dQ + DQS * DQBuf;  // LSE[2][BM], D[2][BM]
+    static constexpr int bars = stats + 4 * BM * 4, bytes = bars + 9 * 8;
+    static_assert(BM * D == dq_tiles::kFloats, "a query block is one tile");
+    static_assert(bytes <= 227 * 1024, "over the H100's 227 KB of shared memory per block");
 };
 
 template <typename T, int D, bool Is_causal, bool Is_even>
@@ -69,7 +96,8 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     const uint32_t sK = s0, sV = s0 + L::V, sQ = s0 + L::Qs, sdO = s0 + L::dO, sdQ = s0 + L::dQ;
     float *sLSE = reinterpret_cast<float *>(smem + L::stats), *sDsum = sLSE + 2 * BM;
     const uint32_t kv_full = s0 + L::bars, q_full = kv_full + 8, q_empty = q_full + 16, dq_full = q_empty + 16,
-                   dq_empty = dq_full + 8;
+                   dq_empty = dq_full + 16;  // [s] at + 8 s
+    constexpr int DQS = L::DQS;
 
     const GridTile tile = grid_tile();
     const int n_block = tile.block;
@@ -83,6 +111,11 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     if (n_block * BN >= seq.sk) return;
     const BwdRange range = BwdRange::make<Is_causal>(seq, n_block, BM, BN);
     const BwdBlockPtrs<T> gp(params, seq, b, h, n_block, BN, D);
+#ifdef FLASHGPT_BWD_TRACE
+    const bool trace = tile.bh == 0 && n_block == g_bwd_trace_block && warp == 0 && lane == 0;
+#else
+    constexpr bool trace = false;
+#endif
 
     if (tid == 0) {
         mbar_init(kv_full, 1);
@@ -90,8 +123,10 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             mbar_init(q_full + 8 * s, 1 + 32);
             mbar_init(q_empty + 8 * s, 256);
         }
-        mbar_init(dq_full, 256);
-        mbar_init(dq_empty, 1);
+        for (int s = 0; s < DQS; ++s) {
+            mbar_init(dq_full + 8 * s, 256);
+            mbar_init(dq_empty + 8 * s, 1);
+        }
         mbar_init_fence();
     }
     __syncthreads();
@@ -133,9 +168,18 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
                 }
                 mbar_arrive_if(q_full + 8 * s, true);
             }
-        } else if (warp == 2) {  // dQ: shared memory -> dq_accum, bulk fp32 reduce-add per row
+        } else if (warp == 2) {  // dQ: shared memory -> dq_accum, bulk fp32 reduce-add
+#ifdef FLASHGPT_BWD_TRACE
+            const bool trace_dq = tile.bh == 0 && n_block == g_bwd_trace_block && lane == 0;
+#else
+            constexpr bool trace_dq = false;
+#endif
+            float *dq_tile = params.dq_accum_ptr + dq_tiles::tile_offset(params, b, h, seq.q_start);
             for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
-                mbar_wait(dq_full, it & 1);
+                const int st = it % DQS;  // staging buffer
+                BWD_TRACE(trace_dq, 2, it, 0);  // dQ warp: 0 waits for the staged dQ
+                mbar_wait(dq_full + 8 * st, (it / DQS) & 1);
+                BWD_TRACE(trace_dq, 2, it, 1);  // 1 staged dQ in
                 int *sem = nullptr;
                 if (params.deterministic) {  // add in key-block order: after blocks 0..n_block-1
                     sem = params.dq_semaphore + (int64_t(b) * params.h + h) * cdiv(params.seqlen_q, BM) + m;
@@ -146,11 +190,9 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
                     }
                     __syncwarp();
                 }
-#pragma unroll
-                for (int r = lane; r < BM; r += 32) {
-                    const int q = m * BM + r;
-                    if (q < seq.sq) bulk_reduce_add_f32(gp.dq + int64_t(q) * gp.dq_row_stride, sdQ + r * L::DQRow, D * 4);
-                }
+                if (lane < 2)  // the block's tile: two 16 KB sub-tiles
+                    bulk_reduce_add_f32(dq_tile + int64_t(m) * dq_tiles::kFloats + lane * dq_tiles::kSubFloats,
+                                        sdQ + st * L::DQBuf + lane * (L::DQBuf / 2), L::DQBuf / 2);
                 bulk_commit();
                 if (params.deterministic) {
                     bulk_wait_all();
@@ -158,11 +200,13 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
                     __threadfence();
                     __syncwarp();
                     if (lane == 0) atomicAdd(sem, 1);
-                } else {
-                    bulk_wait_read();
+                    mbar_arrive_if(dq_empty + 8 * st, lane == 0);
+                } else {  // keep this block's reduce queued behind the previous one; free that one's buffer
+                    bulk_wait_read<1>();
                     __syncwarp();
+                    mbar_arrive_if(dq_empty + 8 * ((it + DQS - 1) % DQS), lane == 0 && it > 0);
                 }
-                mbar_arrive_if(dq_empty, lane == 0);
+                BWD_TRACE(trace_dq, 2, it, 2);  // 2 the bulk unit has read the previous block (DQS = 2)
             }
             bulk_wait_all();
         }
@@ -186,9 +230,11 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     auto st_dpt_exp = [&](int m, int it, auto &acc_s, auto &acc_dp) {
         const int s = it & 1;
         mbar_wait(q_full + 8 * s, (it >> 1) & 1);
+        BWD_TRACE(trace, cw, it, 9);  // 9 Q, dO, LSE, D in
         wgmma_fence();
         issue_st_dpt<T, D>(acc_s, acc_dp, k_rows, v_rows, sQ + s * L::Q, sdO + s * L::Q);
         wgmma_wait<1>();  // S^T has landed
+        BWD_TRACE(trace, cw, it, 10);  // 10 S^T landed
         const bool need_mask = (Is_causal && n_block * BN + BN - 1 > m * BM + range.causal_off) ||
                                (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk));
         exp_pt</*kLseLog2=*/true>(acc_s, sLSE + s * BM, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t,
@@ -196,13 +242,14 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
                                       return key >= seq.sk || q >= seq.sq || (Is_causal && key > q + range.causal_off);
                                   });
     };
-    // Block it's dQ (64 x 64 fp32 accumulator) into the staging rows at dst from column col0, once the
-    // bulk unit has read block it-1's; then hand it over.
-    auto stage_dq = [&](const float (&acc_dq)[32], int it, uint8_t *dst, int col0) {
-        mbar_wait(dq_empty, (it & 1) ^ 1);
-        store_acc_rows<8>(dst, L::DQRow, acc_dq, col0, warp, g, t);
+    // Block it's dQ slice (this warpgroup's 64 x 64 fp32 accumulator) into sub-tile cw of staging
+    // buffer it % 2, once the bulk unit has read what that buffer held; then hand it over.
+    auto stage_dq = [&](const float (&acc_dq)[32], int it) {
+        const int st = it % DQS;
+        mbar_wait(dq_empty + 8 * st, ((it / DQS) & 1) ^ 1);
+        store_acc_subtile(smem + L::dQ + st * L::DQBuf + cw * (L::DQBuf / 2), acc_dq, warp, g, t);
         fence_async_smem();  // -> visible to the bulk unit
-        mbar_arrive_if(dq_full, true);
+        mbar_arrive_if(dq_full + 8 * st, true);
     };
 
     mbar_wait(kv_full, 0);
@@ -244,7 +291,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             issue_dq<T>(acc_dq, smem_u32(sdS) + cw * BN * 128, sK);  // queries 64cw.. : atom column cw
             wgmma_wait<0>();  // dK and dQ of this block: slot s is read
             mbar_arrive_if(q_empty + 8 * s, true);
-            stage_dq(acc_dq, it, smem + L::dQ + cw * 64 * L::DQRow, 0);  // query rows 64cw..
+            stage_dq(acc_dq, it);  // sub-tile cw: queries 64cw..
         }
     } else
     for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
@@ -254,26 +301,35 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         uint8_t *sdS = smem + L::dS + s * L::DS;
 
         float acc_s[32], acc_dp[32];
+        BWD_TRACE(trace, cw, it, 0);  // consumers: 0 step start
         st_dpt_exp(m, it, acc_s, acc_dp);
+        BWD_TRACE(trace, cw, it, 1);  // 1 P^T computed (Q/dO in, S^T landed, exp done)
         uint32_t a_p[4][4], a_ds[4][4];
         to_a_fragments<T>(acc_s, a_p);
         wgmma_fence();
         issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
+        BWD_TRACE(trace, cw, it, 2);  // 2 dV issued
         wgmma_wait<1>();  // dP^T has landed (dV may still run)
+        BWD_TRACE(trace, cw, it, 3);  // 3 dP^T landed
         make_dst<T>(a_p, acc_s, acc_dp, sDs, t, a_ds);
         wgmma_fence();
         issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
+        BWD_TRACE(trace, cw, it, 4);  // 4 dS^T computed, dK issued
         store_dst(sdS, a_ds, key_row0, g, t);
         fence_async_smem();          // dS^T stores -> visible to wgmma
+        BWD_TRACE(trace, cw, it, 5);  // 5 dS^T stored
         named_barrier_sync(1, 256);  // both consumer warpgroups' halves of dS^T are in
+        BWD_TRACE(trace, cw, it, 6);  // 6 barrier passed
 
         float acc_dq[32];
         wgmma_fence();
         issue_dq<T>(acc_dq, smem_u32(sdS), k_cols);
         wgmma_wait<0>();  // dQ, dV and dK of this block: slot s is read
+        BWD_TRACE(trace, cw, it, 7);  // 7 dV, dK, dQ landed
         mbar_arrive_if(q_empty + 8 * s, true);
 
-        stage_dq(acc_dq, it, smem + L::dQ, cw * 64);  // head-dim columns 64cw..
+        stage_dq(acc_dq, it);  // sub-tile cw: head-dim columns 64cw..
+        BWD_TRACE(trace, cw, it, 8);  // 8 dQ staged
     }
     store_dk_dv<T, D>(params, gp.dk, gp.dv, acc_dk, acc_dv, key_row0, range.keys_left, g, t);
 #else
@@ -312,5 +368,6 @@ bool run_flash_bwd_sm90_ws(Flash_bwd_params &params, cudaStream_t stream) {
         kernel<<<grid, kBwsThreads, smem, stream>>>(params, maps);
         FLASH_KERNEL_LAUNCH_CHECK();
     });
+    params.dq_accum_tiled = true;  // for the post-pass
     return true;
 }
