@@ -1,0 +1,71 @@
+// Host checks of the tiled dQ accumulator's layout (kernels/csrc/hopper/dq_tiles.h), built and run by
+// tests/kernels/test_dq_tiles_cpu.py:
+//   1. chunk_position maps a tile's 2048 float4 slots one-to-one onto its (row, 4-column chunk)
+//      cells, at head dims 64 and 128;
+//   2. the tiles of packed (varlen) sequences never overlap and fit in tiles_per_head, for random
+//      sequence lengths (zero-length ones included), and dense batches tile without gaps.
+// Prints "ok" and exits 0, or names the first failure and exits 1.
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <set>
+#include <utility>
+#include <vector>
+#include "../../../kernels/csrc/hopper/dq_tiles.h"
+
+using namespace flash;
+
+static int fail(const char *what, long a, long b) {
+    std::printf("FAIL: %s (%ld, %ld)\n", what, a, b);
+    return 1;
+}
+
+int main() {
+    for (int d : {64, 128}) {
+        std::set<std::pair<int, int>> seen;
+        for (int i = 0; i < dq_tiles::kFloats / 4; ++i) {
+            int r, c;
+            dq_tiles::chunk_position(i, d, r, c);
+            if (r < 0 || r >= dq_tiles::tile_rows(d) || c < 0 || c >= d || c % 4 != 0) return fail("cell outside the tile", r, c);
+            if (!seen.insert({r, c}).second) return fail("cell written twice", r, c);
+        }
+        if (int(seen.size()) != dq_tiles::kFloats / 4) return fail("cells missed", d, long(seen.size()));
+    }
+    std::mt19937 rng(1234);
+    for (int trial = 0; trial < 2000; ++trial) {
+        Flash_bwd_params p{};
+        p.d = trial % 2 ? 64 : 128;
+        p.h = 1 + int(rng() % 3);
+        p.b = 1 + int(rng() % 9);
+        const bool packed = trial % 3 != 0;
+        std::vector<int> cu(p.b + 1, 0);
+        int max_len = 0;
+        for (int i = 0; i < p.b; ++i) {
+            const int len = rng() % 5 == 0 ? 0 : 1 + int(rng() % 700);
+            cu[i + 1] = cu[i] + len;
+            max_len = std::max(max_len, len);
+        }
+        std::vector<int> lens(p.b);
+        for (int i = 0; i < p.b; ++i) lens[i] = packed ? cu[i + 1] - cu[i] : max_len;
+        p.cu_seqlens_q = packed ? cu.data() : nullptr;  // only compared with nullptr on the host
+        p.seqlen_q = max_len;
+        p.total_q = packed ? cu[p.b] : p.b * max_len;
+        const int64_t per_head = dq_tiles::tiles_per_head(p);
+        std::vector<int> owner(size_t(p.h * per_head), -1);
+        for (int h = 0; h < p.h; ++h)
+            for (int b = 0; b < p.b; ++b) {
+                const int64_t first = dq_tiles::tile_offset(p, b, h, packed ? cu[b] : 0) / dq_tiles::kFloats;
+                for (int m = 0; m < dq_tiles::cdiv_rows(lens[b], p.d); ++m) {
+                    const int64_t t = first + m;
+                    if (t < h * per_head || t >= (h + 1) * per_head) return fail("tile outside its head", trial, long(t));
+                    if (owner[size_t(t)] != -1) return fail("tiles overlap", trial, long(t));
+                    owner[size_t(t)] = b;
+                }
+            }
+        if (!packed)
+            for (size_t t = 0; t < owner.size(); ++t)
+                if (max_len > 0 && owner[t] == -1) return fail("dense layout has a gap", trial, long(t));
+    }
+    std::printf("ok\n");
+    return 0;
+}
