@@ -21,6 +21,10 @@
 //   the swizzle that keeps the consumers' shared-memory staging stores (the staging buffer is a copy
 //   of the tile) free of bank conflicts.
 // Rows past a sequence's end are added to (zeros: their dS is masked) but never read back.
+// Cost: each sequence rounds up to whole tiles, so the accumulator is up to (1 + b * rows / total_q)
+// times the row-major size (b sequences): ~1.6x for 8k-token batches of 100-token documents, but
+// large for batches of thousands of sequences of a few tokens (kernels/NOTES.md, "Next" 0: cap it
+// and let a row-major kernel take such batches).
 #pragma once
 #include <cstdint>
 #include "../flash.h"
