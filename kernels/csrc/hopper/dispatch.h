@@ -2,9 +2,8 @@
 // holds sm_90a code (kernels/build.py defines FLASHGPT_HAS_SM90A when TORCH_CUDA_ARCH_LIST has
 // 9.0a), unless the environment says FLASHGPT_SM90=0 (read on every call, so a benchmark can time
 // both paths in one process: kernels/bench.py --compare-fa2); then per shape class, as the tuning
-// cache says (kernels/tune.py -> set_sm90_choice) or else by the built-in defaults measured in
-// sessions 4-6 (kernels/NOTES.md): Hopper for head dims 64 and 128, forward and backward, but the
-// head-dim-64 backward below 2k keys.
+// cache says (kernels/tune.py -> set_sm90_choice) or else by the built-in default measured in
+// sessions 4-8 (kernels/NOTES.md): Hopper for head dims 64 and 128, forward and backward.
 #pragma once
 #include <cuda_runtime.h>
 #include "../flash.h"
@@ -43,15 +42,6 @@ inline bool pingpong_forward() {
 
 enum Pass { kFwd = 0, kBwd = 1 };
 
-// Measured defaults (kernels/NOTES.md): the Hopper family everywhere. (Sessions 6-7 kept the FA2
-// backward for head dim 64 below 2k keys, 2-7% faster then; with the tiled dQ accumulator of session
-// 8 the TMA backward is ahead there too: f+b +3-30% at 512-1k keys, same run.) The tuning cache
-// (kernels/tune.py) can still pick the FA2 kernel per shape class.
-inline bool default_choice(Pass pass, int head_dim, int seqlen_k) {
-    (void)pass, (void)head_dim, (void)seqlen_k;
-    return true;
-}
-
 // FLASHGPT_SM90_ALWAYS=1: the Hopper kernel wherever one exists, whatever the defaults and the tuning
 // cache say (read on every call; the tests' "hopper" path runs every shape through it).
 inline bool always_hopper() {
@@ -68,8 +58,10 @@ inline bool hopper_backward() {
 inline bool use(Pass pass, int head_dim, bool causal, int seqlen_k) {
     if (!enabled() || (head_dim != 64 && head_dim != 128) || (pass == kBwd && !hopper_backward())) return false;
     if (always_hopper()) return true;
-    const int c = sm90_choice(pass, head_dim, causal, seqlen_bucket(seqlen_k));
-    return c < 0 ? default_choice(pass, head_dim, seqlen_k) : c == 1;
+    // The tuning cache's choice, else (-1) the measured default: the Hopper family everywhere.
+    // (Sessions 6-7 defaulted to the FA2 backward for head dim 64 below 2k keys, 2-7% faster then;
+    // with session 8's tiled dQ accumulator the TMA backward is ahead there too, +2-30% f+b.)
+    return sm90_choice(pass, head_dim, causal, seqlen_bucket(seqlen_k)) != 0;
 }
 
 }  // namespace sm90

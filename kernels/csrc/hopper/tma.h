@@ -127,13 +127,6 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float *dst, uint32_t src, ui
                  : "memory");
 #endif
 }
-// dst[0 .. 4) += v, fp32, one relaxed reduction in L2 (dst 16-byte aligned).
-__device__ __forceinline__ void red_add_f32x4(float *dst, float4 v) {
-#ifdef FLASHGPT_WGMMA_ENABLED
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
-                 : "memory");
-#endif
-}
 __device__ __forceinline__ void bulk_commit() {
 #ifdef FLASHGPT_WGMMA_ENABLED
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
