@@ -33,6 +33,7 @@ int main(int argc, char **argv) {
     const bool causal = argc > 1 ? atoi(argv[1]) != 0 : true;
     const int s = argc > 2 ? atoi(argv[2]) : 8192, b = argc > 3 ? atoi(argv[3]) : 2, h = argc > 4 ? atoi(argv[4]) : 16;
     const int traced = argc > 5 ? atoi(argv[5]) : 0, d = 128;
+    if (s % 64 != 0) { printf("seqlen must be a multiple of 64 (the accumulator is sized as dense rows)\n"); return 1; }
     const int64_t n = int64_t(b) * s * h * d, nrow = int64_t(b) * h * s;
     T *q, *k, *v, *dO, *dk, *dv;
     float *lse, *dsum, *dq;
@@ -46,6 +47,7 @@ int main(int argc, char **argv) {
     Flash_bwd_params p{};
     p.q_ptr = q; p.k_ptr = k; p.v_ptr = v; p.do_ptr = dO; p.dk_ptr = dk; p.dv_ptr = dv;
     p.lse_ptr = lse; p.dsoftmax_sum_ptr = dsum; p.dq_accum_ptr = dq;
+    p.dq_accum_floats = n;  // = the tiled size when s % 64 == 0 (dq_tiles.h)
     const int64_t rs = int64_t(h) * d, bs = int64_t(s) * rs;
     p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = bs;
     p.do_batch_stride = p.dk_batch_stride = p.dv_batch_stride = bs;
@@ -63,7 +65,7 @@ int main(int argc, char **argv) {
 
     auto run = [&] {
         bool ok = causal ? run_flash_bwd_sm90_ws<T, 128, true>(p, 0) : run_flash_bwd_sm90_ws<T, 128, false>(p, 0);
-        if (!ok) { printf("TMA maps refused\n"); exit(1); }
+        if (!ok) { printf("the TMA backward declined (TMA rule or accumulator size)\n"); exit(1); }
     };
     for (int i = 0; i < 3; ++i) run();
     CK(cudaDeviceSynchronize());

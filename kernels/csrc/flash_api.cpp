@@ -175,10 +175,9 @@ std::vector<at::Tensor> mha_bwd_into(at::Tensor dout, at::Tensor q, at::Tensor k
     // fp32 dQ accumulator, zeroed by the pre-pass: row-major like q, or (the Hopper TMA backward)
     // whole query-block tiles (hopper/dq_tiles.h), which round each sequence up to a block.
     const int64_t row_floats = q.numel();
-    const int64_t tiled_floats = flash::dq_tiles::supported(int(d))
-                                     ? h * flash::dq_tiles::tiles_per_head(params) * flash::dq_tiles::kFloats
-                                     : 0;
-    params.dq_accum_floats = std::max(row_floats, tiled_floats);
+    const int64_t tiled_floats = flash::dq_tiles::supported(int(d)) ? flash::dq_tiles::floats_needed(params) : 0;
+    // At most twice the row-major size (packed batches of many very short sequences: see dq_tiles.h).
+    params.dq_accum_floats = tiled_floats <= 2 * row_floats ? std::max(row_floats, tiled_floats) : row_floats;
     params.dq_accum_tiled = false;
     at::Tensor dq_accum = at::empty({params.dq_accum_floats}, q.options().dtype(at::kFloat));
     poison(dq); poison(dk_exp); poison(dv_exp); poison(dsum); poison(dq_accum);

@@ -211,6 +211,32 @@ def test_varlen(dtype, d, causal):
         _check(n, a, r, p, EPS_GRAD)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_varlen_many_short_sequences(d, causal):
+    """A packed batch of ~200 sequences of 0-20 tokens and one of 300: the tiled dQ accumulator of the
+    Hopper backward would need several times the row-major room (hopper/dq_tiles.h), so the binding
+    allocates row-major only and the backward runs a row-major kernel instead. Gradients as usual."""
+    torch.manual_seed(next(_seed))
+    gen = torch.Generator().manual_seed(7)
+    lens = [int(x) for x in torch.randint(0, 21, (200,), generator=gen)] + [300]
+    h, dtype = 2, torch.bfloat16
+    cu = _cu(lens)
+    total = sum(lens)
+    q, k, v = (torch.randn(total, h, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+    dout = torch.randn(total, h, d, device="cuda", dtype=dtype)
+    out = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
+    grads = _grads(out, (q, k, v), dout)
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    out_ref, _ = attention_varlen_ref(qf, kf, vf, cu, cu, causal)
+    grads_ref = _grads(out_ref, (qf, kf, vf), dout.float())
+    out_pt, _ = attention_varlen_ref(q, k, v, cu, cu, causal, upcast=False)
+    grads_pt = _grads(out_pt, (q, k, v), dout)
+    _check("out", out, out_ref, out_pt, EPS_OUT)
+    for n, a, r, p_ in zip(("dq", "dk", "dv"), grads, grads_ref, grads_pt):
+        _check(n, a, r, p_, EPS_GRAD)
+
+
 def test_torch_compile_fullgraph():
     torch.manual_seed(next(_seed))
 

@@ -21,10 +21,9 @@
 //   the swizzle that keeps the consumers' shared-memory staging stores (the staging buffer is a copy
 //   of the tile) free of bank conflicts.
 // Rows past a sequence's end are added to (zeros: their dS is masked) but never read back.
-// Cost: each sequence rounds up to whole tiles, so the accumulator is up to (1 + b * rows / total_q)
-// times the row-major size (b sequences): ~1.6x for 8k-token batches of 100-token documents, but
-// large for batches of thousands of sequences of a few tokens (kernels/NOTES.md, "Next" 0: cap it
-// and let a row-major kernel take such batches).
+// Packed batches of many sequences much shorter than a tile would need several times the row-major
+// size (the + b term): flash_api.cpp then allocates row-major room only and the TMA backward declines
+// (run_flash_bwd_sm90_ws returns false), leaving the batch to the row-major kernels.
 #pragma once
 #include <cstdint>
 #include "../flash.h"
@@ -42,6 +41,11 @@ __host__ __device__ inline int cdiv_rows(int64_t n, int d) { return int((n + til
 __host__ __device__ inline int64_t tiles_per_head(const Flash_bwd_params &p) {
     return p.cu_seqlens_q != nullptr ? int64_t(cdiv_rows(p.total_q, p.d)) + p.b + 1
                                      : int64_t(p.b) * cdiv_rows(p.seqlen_q, p.d);
+}
+
+// Floats the tiled accumulator needs.
+__host__ __device__ inline int64_t floats_needed(const Flash_bwd_params &p) {
+    return int64_t(p.h) * tiles_per_head(p) * kFloats;
 }
 
 // Float offset of tile (b, h, 0); q_start: the sequence's first row (packed), else unused.

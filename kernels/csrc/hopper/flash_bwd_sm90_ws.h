@@ -341,7 +341,8 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
 }  // namespace flash
 
 // Launches the warp-specialised backward (head dim D = 64 or 128); false (nothing launched) when a
-// tensor breaks a TMA rule (tma.h make_tile_map) -- the caller then runs another kernel.
+// tensor breaks a TMA rule (tma.h make_tile_map) or the dQ accumulator has no room for the tiled
+// layout (dq_tiles.h) -- the caller then runs another kernel.
 template <typename T, int D, bool Is_causal>
 bool run_flash_bwd_sm90_ws(Flash_bwd_params &params, cudaStream_t stream) {
     using namespace flash::sm90;
@@ -349,6 +350,7 @@ bool run_flash_bwd_sm90_ws(Flash_bwd_params &params, cudaStream_t stream) {
     const bool varlen = params.cu_seqlens_q != nullptr, bf16 = std::is_same_v<T, __nv_bfloat16>;
     const int64_t batch = varlen ? 1 : params.b;
     const int64_t q_rows = varlen ? params.total_q : params.seqlen_q, k_rows = varlen ? params.total_k : params.seqlen_k;
+    if (params.dq_accum_floats < flash::dq_tiles::floats_needed(params)) return false;
     BwdTmaMaps maps;
     if (!make_tile_map(&maps.q, params.q_ptr, bf16, D, q_rows, params.h, batch, params.q_row_stride,
                        params.q_head_stride, params.q_batch_stride, BwsSmem<D>::BM) ||
