@@ -3,14 +3,16 @@
 Same process, same inputs; head dim 64/128, seqlen 512..16k, batch*seqlen = 16k tokens,
 d_model 2048 -> heads = 2048/hdim, bf16, causal and not.
 Timing: CUDA events around each call, warm-up first, median of --reps calls per candidate, the
-candidates of a row interleaved in 5 round-robin passes (kernels/timing.py).
+candidates of a row interleaved in 5 round-robin passes (kernels/timing.py). By default the GPU time
+of a call (the host has queued the call before the first event fires, as in a training step);
+--call-time: the time of a synchronised eager call, host launch time included (sessions 1-8).
 TFLOP/s: FLOPs = 4*batch*heads*seqlen^2*hdim (halved if causal); fwd+bwd = 3.5 x fwd.
 Error column: max |ours - fp32 reference| of the forward output on batch 0, heads 0-1
 (the full fp32 reference at 16k would need tens of GB).
 
     python -m kernels.bench [--reps 30] [--hdims 64 128] [--seqlens 512 1024 ...] [--json out.json]
                             [--compare-fa2] [--compare-cpasync] [--compare-nopingpong]
-                            [--compare-headmajor] [--compare-fa2bwd] [--only-ours]
+                            [--compare-headmajor] [--compare-fa2bwd] [--only-ours] [--call-time]
 """
 from __future__ import annotations
 
@@ -74,7 +76,8 @@ def impls(causal: bool, deterministic: bool = False):
 
 
 def bench_row(hdim: int, seqlen: int, causal: bool, reps: int, det: bool,
-              only_ours: bool = False, variants: tuple[str, ...] = (), tokens: int = TOKENS) -> dict:
+              only_ours: bool = False, variants: tuple[str, ...] = (), tokens: int = TOKENS,
+              queue_ahead: bool = True) -> dict:
     batch, heads = max(1, tokens // seqlen), D_MODEL // hdim
     torch.manual_seed(0)
     q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16,
@@ -110,8 +113,9 @@ def bench_row(hdim: int, seqlen: int, causal: bool, reps: int, det: bool,
         except RuntimeError as e:  # e.g. a backend that refuses the shape
             print(f"  {name} failed: {str(e).splitlines()[0]}")
             row[f"{name}_fwd"] = row[f"{name}_fwdbwd"] = float("nan")
-    fwd_ms = time_interleaved_ms({n: forward(n, fn) for n, fn in runnable.items()}, reps)
-    fb_ms = time_interleaved_ms({n: forward_backward(n, fn) for n, fn in runnable.items()}, reps)
+    fwd_ms = time_interleaved_ms({n: forward(n, fn) for n, fn in runnable.items()}, reps, queue_ahead=queue_ahead)
+    fb_ms = time_interleaved_ms({n: forward_backward(n, fn) for n, fn in runnable.items()}, reps,
+                                queue_ahead=queue_ahead)
     for name in runnable:
         row[f"{name}_fwd"] = flops / fwd_ms[name] / 1e9
         row[f"{name}_fwdbwd"] = 3.5 * flops / fb_ms[name] / 1e9
@@ -170,6 +174,9 @@ def main() -> None:
                          "the end-to-end step's shape)")
     ap.add_argument("--compare-fa2bwd", action="store_true",
                     help="also time the Hopper forward with the FA2 backward (FLASHGPT_SM90_BWD=0)")
+    ap.add_argument("--call-time", action="store_true",
+                    help="time synchronised eager calls, host launch time included (the sweeps of sessions 1-8) "
+                         "instead of the GPU time of calls the host has already queued")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
@@ -179,7 +186,8 @@ def main() -> None:
     for hdim in args.hdims:
         for causal in args.causal:
             for s in args.seqlens:
-                r = bench_row(hdim, s, bool(causal), args.reps, args.det, args.only_ours, variants, args.tokens)
+                r = bench_row(hdim, s, bool(causal), args.reps, args.det, args.only_ours, variants, args.tokens,
+                              queue_ahead=not args.call_time)
                 line = f"  hdim {hdim} causal {causal} seqlen {s}: ours {r['ours_fwd']:.0f}/{r['ours_fwdbwd']:.0f}"
                 if "ours_det_fwdbwd" in r:
                     line += f" (det f+b {r['ours_det_fwdbwd']:.0f})"
@@ -194,7 +202,8 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     if not args.only_ours:
-        print(f"\nTFLOP/s (fwd; f+b = fwd+bwd), bf16, batch*seqlen = {args.tokens} tokens, d_model 2048\n")
+        timing = "call time, host included" if args.call_time else "GPU time, host queued ahead"
+        print(f"\nTFLOP/s (fwd; f+b = fwd+bwd; {timing}), bf16, batch*seqlen = {args.tokens} tokens, d_model 2048\n")
         print(table(rows, args.det, variants))
 
 

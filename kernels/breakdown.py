@@ -5,8 +5,9 @@ torch.profiler records `--iters` forward+backward calls after a warm-up; each ke
 is summed per name and divided by the number of calls (microseconds per call). The table shows
 which kernels beyond the main ones (zeroing, pre-/post-processing, copies) each backend launches
 and what they cost: the short-sequence rows of the sweep are where these matter. Beside the kernel
-sum: the CUDA-event time of one synchronised call as kernels.bench measures it (the difference is
-GPU idle time: host overhead before and between launches), and the host time of one call on a tiny
+sum: the CUDA-event time of a call the host has queued ahead (kernels.bench's default: GPU time) and
+of one synchronised call (kernels.bench --call-time; the difference is GPU idle time: host overhead
+before and between launches), and the host time of one call on a tiny
 shape (1 x 128 tokens x 1 head), where the GPU waits on the host.
 
     python -m kernels.breakdown --hdim 128 --seqlen 512 [--causal] [--iters 20]
@@ -82,8 +83,11 @@ def main() -> None:
     for name in args.impls:
         fn = fns[name]
         times = kernel_times(fn, q, k, v, dout, args.iters)
-        event_us = 1e3 * time_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), args.iters)
-        print(f"  {name}: kernels {sum(times.values()):.1f} us, CUDA events {event_us:.1f} us per call; "
+        call = lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout)  # noqa: E731
+        event_us = 1e3 * time_ms(call, args.iters, queue_ahead=False)
+        gpu_us = 1e3 * time_ms(call, args.iters)
+        print(f"  {name}: kernels {sum(times.values()):.1f} us, CUDA events {gpu_us:.1f} us per queued call, "
+              f"{event_us:.1f} us per synchronised call; "
               f"host {host_us(fn, args.hdim):.1f} us per call on a tiny shape")
         for kname, us in sorted(times.items(), key=lambda kv: -kv[1]):
             print(f"    {us:9.1f}  {short(kname)}")

@@ -28,6 +28,46 @@
 namespace flash {
 namespace sm90 {
 
+#ifdef FLASHGPT_FWD_TRACE
+// Diagnostic timeline (bench/fwd_trace.cu builds with -DFLASHGPT_FWD_TRACE; the extension never does).
+// Per CTA (linear launch index, up to 64K): SM id and SM clocks at entry, Q and K_0 landed, each
+// consumer warpgroup's loop end and exit ([cta][0..5]), and the global timer (ns) at entry / exit.
+// Per step of one CTA (head 0 of batch 0, query block g_fwd_trace_block), per consumer warpgroup:
+// the SM clock at the points named at each FWD_TRACE below.
+__device__ int g_fwd_trace_block;
+__device__ uint32_t g_fwd_trace[2][1024][8];
+__device__ long long g_fwd_cta_clk[65536][6];
+__device__ unsigned long long g_fwd_cta_ns[65536][2];
+__device__ int g_fwd_cta_sm[65536];
+__device__ __forceinline__ int fwd_cta_index() { return int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)); }
+__device__ __forceinline__ unsigned long long fwd_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+    return t;
+}
+#define FWD_TRACE(on, w, it, point)                                                    \
+    do {                                                                               \
+        if (on) {                                                                      \
+            uint32_t c_;                                                               \
+            asm volatile("mov.u32 %0, %%clock;\n" : "=r"(c_)::"memory");              \
+            if ((it) < 1024) g_fwd_trace[w][it][point] = c_;                           \
+        }                                                                              \
+    } while (0)
+#define FWD_CTA_TRACE(on, point)                                                       \
+    do {                                                                               \
+        if (on && fwd_cta_index() < 65536) g_fwd_cta_clk[fwd_cta_index()][point] = clock64(); \
+    } while (0)
+#else
+#define FWD_TRACE(on, w, it, point) \
+    do {                            \
+        (void)(on);                 \
+    } while (0)
+#define FWD_CTA_TRACE(on, point) \
+    do {                         \
+        (void)(on);              \
+    } while (0)
+#endif
+
 struct FwdTmaMaps {
     CUtensorMap q, k, v;  // make_tile_map(): {d, rows, heads, batch}, boxes of 64 columns x 128 rows
 };
@@ -53,6 +93,15 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
     const GridTile tile = grid_tile();
     const int m_block = tile.num_blocks - 1 - tile.block;  // heaviest (causal) first
+#ifdef FLASHGPT_FWD_TRACE
+    if (threadIdx.x == 0 && fwd_cta_index() < 65536) {
+        int sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        g_fwd_cta_sm[fwd_cta_index()] = sm;
+        g_fwd_cta_ns[fwd_cta_index()][0] = fwd_ns();
+    }
+#endif
+    FWD_CTA_TRACE(threadIdx.x == 0, 0);  // CTA: 0 entry
     const int b = tile.bh / params.h, h = tile.bh % params.h;
     // wg and warp through a shuffle: provably warp-uniform, so what derives from them (shared-memory
     // addresses, wgmma descriptors) stays in uniform registers.
@@ -115,6 +164,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // ---- consumers ---------------------------------------------------------------------------------
     regs_claim<kWsConsumerRegs>();
     const int cw = wg - 1;                  // consumer warpgroup: rows 64 cw .. 64 cw + 63
+#ifdef FLASHGPT_FWD_TRACE
+    const bool trace = tile.bh == 0 && m_block == g_fwd_trace_block && warp == 0 && lane == 0;
+    const bool trace_cta = warp == 0 && lane == 0;
+#else
+    constexpr bool trace = false, trace_cta = false;
+#endif
     const int g = lane / 4, t = lane % 4;
     const int row0 = cw * 64 + warp * 16;  // first query row (in the block) of this warp
     const uint32_t q_base = sQ + cw * 64 * 128;
@@ -145,6 +200,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
     mbar_wait(q_full, 0);
     mbar_wait(k_full, 0);
+    FWD_CTA_TRACE(trace_cta && cw == 0, 1);  // CTA: 1 Q and K_0 landed
     take_turn();
     wgmma_fence();
     issue_qk<T, D>(acc_s, q_base, sK);
@@ -155,19 +211,27 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     st.rescale_o_and_pack_p(acc_s, p);
     for (int it = 1; it < n_tiles; ++it) {  // peeled: the same wgmma groups in flight on every path
         const int s = slot(it), sp = slot(it - 1);
+        FWD_TRACE(trace, cw, it, 0);  // 0 step start
         mbar_wait(k_full + 8 * s, full_parity(it));
         mbar_wait(v_full + 8 * sp, full_parity(it - 1));
+        FWD_TRACE(trace, cw, it, 1);  // 1 K_it, V_it-1 in
         take_turn();
+        FWD_TRACE(trace, cw, it, 2);  // 2 turn taken
         wgmma_fence();
         issue_qk<T, D>(acc_s, q_base, sK + s * kTile);
         issue_pv<T, D>(st.acc_o, p, sV + sp * kTile);
         pass_turn();
+        FWD_TRACE(trace, cw, it, 3);  // 3 QK, PV issued
         wgmma_wait<1>();  // S_it has landed: K slot s is free; PV_{it-1} still runs during the softmax
+        FWD_TRACE(trace, cw, it, 4);  // 4 S landed
         mbar_arrive_if(k_empty + 8 * s, release);
         softmax(it);
+        FWD_TRACE(trace, cw, it, 5);  // 5 softmax done
         wgmma_wait<0>();
+        FWD_TRACE(trace, cw, it, 6);  // 6 PV landed
         mbar_arrive_if(v_empty + 8 * sp, release);
         st.rescale_o_and_pack_p(acc_s, p);
+        FWD_TRACE(trace, cw, it, 7);  // 7 O rescaled, P packed
     }
     const int sl = slot(n_tiles - 1);
     mbar_wait(v_full + 8 * sl, full_parity(n_tiles - 1));
@@ -177,7 +241,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     pass_turn();
     wgmma_wait<0>();
     if (Pingpong && cw == 0) named_barrier_sync(2, 256);
+    FWD_CTA_TRACE(trace_cta, 2 + 2 * cw);  // CTA: 2 / 4 warpgroup 1 / 2's loop done (last PV landed)
     st.store(fb.o, params.o_row_stride, fb.lse, params.scale_softmax, row0, fb.rows_left, g, t);
+    FWD_CTA_TRACE(trace_cta, 3 + 2 * cw);  // CTA: 3 / 5 warpgroup 1 / 2 stored O
+#ifdef FLASHGPT_FWD_TRACE
+    if (trace_cta && cw == 1 && fwd_cta_index() < 65536) g_fwd_cta_ns[fwd_cta_index()][1] = fwd_ns();
+#endif
 #else
     __trap();
 #endif

@@ -1,0 +1,162 @@
+// Timeline of the Hopper TMA forward kernel (kernels/csrc/hopper/flash_fwd_sm90_ws.h), head dim 128,
+// built with -DFLASHGPT_FWD_TRACE: (1) where the time of the whole grid goes -- each CTA's prologue
+// (entry to Q and K_0 landed), main loop and epilogue (O stores), the idle time between CTAs on an
+// SM, and the tail (SMs idle while the last CTAs run); (2) the SM clock at each phase of each key
+// tile of one CTA, averaged over its steady tiles, per consumer warpgroup. Also the kernel's time
+// (CUDA events, median of 20 after 3 warm-up runs) and TFLOP/s (4 b h s^2 d, halved when causal).
+// Inputs are random; the values do not change the timing. Build twice to see what tracing costs:
+//   nvcc -std=c++17 -O3 --use_fast_math --expt-relaxed-constexpr -DFLASHGPT_HAS_SM90A \
+//     -gencode arch=compute_90a,code=sm_90a [-DFLASHGPT_FWD_TRACE] -o /tmp/fwd_trace bench/fwd_trace.cu
+//   /tmp/fwd_trace [causal=1] [seqlen=8192] [batch=2] [heads=16] [traced query block=seqlen/128-1]
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <vector>
+#include <cuda_bf16.h>
+#include "../kernels/csrc/hopper/flash_fwd_sm90_ws.h"
+
+using T = __nv_bfloat16;
+
+__global__ void fill_random(T *x, int64_t n, uint32_t seed) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+        h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+        x[i] = __float2bfloat16((float(h & 0xffff) / 65536.f - 0.5f) * 2.f);
+    }
+}
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e_)); exit(1); } } while (0)
+
+int main(int argc, char **argv) {
+    const bool causal = argc > 1 ? atoi(argv[1]) != 0 : true;
+    const int s = argc > 2 ? atoi(argv[2]) : 8192, b = argc > 3 ? atoi(argv[3]) : 2, h = argc > 4 ? atoi(argv[4]) : 16;
+    const int traced = argc > 5 ? atoi(argv[5]) : s / 128 - 1, d = 128;
+    const int64_t n = int64_t(b) * s * h * d, nrow = int64_t(b) * h * s;
+    T *q, *k, *v, *o;
+    float *lse;
+    for (T **p : {&q, &k, &v, &o}) CK(cudaMalloc(p, n * sizeof(T)));
+    CK(cudaMalloc(&lse, nrow * 4));
+    fill_random<<<1024, 256>>>(q, n, 1); fill_random<<<1024, 256>>>(k, n, 2); fill_random<<<1024, 256>>>(v, n, 3);
+
+    Flash_fwd_params p{};
+    p.q_ptr = q; p.k_ptr = k; p.v_ptr = v; p.o_ptr = o; p.lse_ptr = lse;
+    const int64_t rs = int64_t(h) * d, bs = int64_t(s) * rs;
+    p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = bs;
+    p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = rs;
+    p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
+    p.b = b; p.h = p.h_k = h; p.h_h_k_ratio = 1; p.d = d;
+    p.seqlen_q = p.seqlen_k = s; p.total_q = p.total_k = b * s;
+    p.scale_softmax = 1.f / sqrtf(float(d)); p.scale_softmax_log2 = p.scale_softmax * 1.4426950408889634f;
+    p.is_causal = causal;
+#ifdef FLASHGPT_FWD_TRACE
+    CK(cudaMemcpyToSymbol(flash::sm90::g_fwd_trace_block, &traced, sizeof(int)));
+#endif
+
+    auto run = [&] {
+        bool ok = causal ? run_flash_fwd_sm90_ws<T, 128, true>(p, 0) : run_flash_fwd_sm90_ws<T, 128, false>(p, 0);
+        if (!ok) { printf("the TMA forward declined\n"); exit(1); }
+    };
+    for (int i = 0; i < 3; ++i) run();
+    CK(cudaDeviceSynchronize());
+    std::vector<float> ms;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    for (int i = 0; i < 20; ++i) {
+        CK(cudaEventRecord(e0)); run(); CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
+        float t; CK(cudaEventElapsedTime(&t, e0, e1)); ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double flop = 4.0 * b * h * double(s) * s * d * (causal ? 0.5 : 1.0);
+    printf("forward b=%d h=%d s=%d d=%d causal=%d: %.3f ms median, %.1f TFLOP/s\n", b, h, s, d, causal, ms[10],
+           flop / ms[10] * 1e-9);
+    {  // checksum of O (compare builds: a schedule change must not change it)
+        std::vector<uint16_t> ho(n);
+        CK(cudaMemcpy(ho.data(), o, n * 2, cudaMemcpyDeviceToHost));
+        double sum = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            uint32_t bits = uint32_t(ho[i]) << 16;
+            float f;
+            memcpy(&f, &bits, 4);
+            sum += f * double((i % 13) - 6);
+        }
+        printf("O checksum: weighted sum %.6e\n", sum);
+    }
+#ifdef FLASHGPT_FWD_TRACE
+    // (1) the grid: the last run's per-CTA records.
+    const int nblk = (s + 127) / 128, ncta = std::min(65536, nblk * b * h);
+    static long long clk[65536][6];
+    static unsigned long long ns[65536][2];
+    static int sm[65536];
+    CK(cudaMemcpyFromSymbol(clk, flash::sm90::g_fwd_cta_clk, sizeof(clk)));
+    CK(cudaMemcpyFromSymbol(ns, flash::sm90::g_fwd_cta_ns, sizeof(ns)));
+    CK(cudaMemcpyFromSymbol(sm, flash::sm90::g_fwd_cta_sm, sizeof(sm)));
+    double pro = 0, loop = 0, epi = 0, life = 0;
+    std::map<int, std::vector<int>> by_sm;
+    unsigned long long t0 = ~0ull, t1 = 0;
+    for (int c = 0; c < ncta; ++c) {
+        const long long end = std::max(clk[c][3], clk[c][5]), loop_end = std::max(clk[c][2], clk[c][4]);
+        pro += clk[c][1] - clk[c][0];
+        loop += loop_end - clk[c][1];
+        epi += end - loop_end;
+        life += end - clk[c][0];
+        by_sm[sm[c]].push_back(c);
+        t0 = std::min(t0, ns[c][0]);
+        t1 = std::max(t1, ns[c][1]);
+    }
+    double gaps = 0, first_idle = 1e30;
+    int ngaps = 0;
+    for (auto &[id, cs] : by_sm) {
+        std::sort(cs.begin(), cs.end(), [&](int a, int c) { return clk[a][0] < clk[c][0]; });
+        for (size_t i = 1; i < cs.size(); ++i) {
+            gaps += clk[cs[i]][0] - std::max(clk[cs[i - 1]][3], clk[cs[i - 1]][5]);
+            ++ngaps;
+        }
+        first_idle = std::min(first_idle, double(ns[cs.back()][1] - t0));
+    }
+    const double clk_per_ns = life / 1.0 / [&] {
+        double tot = 0;
+        for (int c = 0; c < ncta; ++c) tot += double(ns[c][1] - ns[c][0]);
+        return tot;
+    }();
+    printf("grid: %d CTAs on %zu SMs, span %.1f us (traced run), SM clock ~%.2f GHz\n", ncta, by_sm.size(),
+           (t1 - t0) * 1e-3, clk_per_ns);
+    printf("  per CTA (mean clocks): prologue %.0f, loop %.0f, epilogue %.0f; gap between CTAs on an SM %.0f\n",
+           pro / ncta, loop / ncta, epi / ncta, ngaps ? gaps / ngaps : 0.0);
+    printf("  shares of CTA time: prologue %.1f%%, loop %.1f%%, epilogue %.1f%%; gaps %.1f%% of SM time\n",
+           100 * pro / life, 100 * loop / life, 100 * epi / life, 100 * gaps / (life + gaps));
+    printf("  tail: the first SM goes idle at %.1f us of %.1f us\n", first_idle * 1e-3, (t1 - t0) * 1e-3);
+    const double tile_flop = 2.0 * 2 * 128 * 128 * d;  // the CTA's QK^T and PV per key tile
+    double tiles = 0;
+    for (int m = 0; m < nblk; ++m) tiles += causal ? m + 1 : nblk;
+    tiles *= b * h;
+    printf("  loop clocks per key tile %.0f (tensor bound %.0f at 4096 FLOP/clock)\n", loop / tiles,
+           tile_flop / 4096);
+
+    // (2) one CTA's steps.
+    static uint32_t tr[2][1024][8];
+    CK(cudaMemcpyFromSymbol(tr, flash::sm90::g_fwd_trace, sizeof(tr)));
+    const int steps = std::min(1024, causal ? traced + 1 : nblk);
+    const char *what[] = {"wait K_it / V_it-1", "wait turn", "issue QK, PV", "wait S", "softmax", "wait PV",
+                          "rescale O, pack P"};
+    const int lo = 4, hi = steps - 2;
+    if (hi > lo) {
+        printf("traced CTA: query block %d, %d key tiles; averages over tiles %d..%d (SM clocks)\n", traced, steps,
+               lo, hi - 1);
+        for (int w = 0; w < 2; ++w) {
+            printf("warpgroup %d:\n", w + 1);
+            for (int ph = 0; ph < 7; ++ph) {
+                double acc = 0;
+                for (int it = lo; it < hi; ++it) acc += double(tr[w][it][ph + 1] - tr[w][it][ph]);
+                printf("  %-24s %7.0f\n", what[ph], acc / (hi - lo));
+            }
+            double step = 0;
+            for (int it = lo; it < hi; ++it) step += double(tr[w][it + 1][0] - tr[w][it][0]);
+            step /= (hi - lo);
+            printf("  %-24s %7.0f (tensor pipe busy %.0f%%)\n", "tile (start to next)", step,
+                   100.0 * tile_flop / 4096 / step);
+        }
+    }
+#endif
+    return 0;
+}
