@@ -70,6 +70,8 @@ __device__ __forceinline__ unsigned long long fwd_ns() {
 
 struct FwdTmaMaps {
     CUtensorMap q, k, v;  // make_tile_map(): {d, rows, heads, batch}, boxes of 64 columns x 128 rows
+    CUtensorMap o;        // boxes of 64 columns x 64 rows (one consumer warpgroup's rows)
+    bool o_ok;            // o's map was made (else the epilogue stores O directly)
 };
 
 constexpr int kWsThreads = 384, kWsBM = 128, kWsBN = 128;
@@ -242,7 +244,27 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     wgmma_wait<0>();
     if (Pingpong && cw == 0) named_barrier_sync(2, 256);
     FWD_CTA_TRACE(trace_cta, 2 + 2 * cw);  // CTA: 2 / 4 warpgroup 1 / 2's loop done (last PV landed)
-    st.store(fb.o, params.o_row_stride, fb.lse, params.scale_softmax, row0, fb.rows_left, g, t);
+    if (maps.o_ok && fb.rows_left >= 64 * cw + 64) {
+        // Epilogue through shared memory: this warpgroup's 64 rows of O go into its own rows of the Q
+        // tile (only it read them, and its last QK^T has completed), then two (head dim 64: one) TMA
+        // stores of 64 x 64 -- 16-byte bursts instead of 64 scattered 4-byte stores per thread. Rows
+        // past a packed sequence's end belong to the next sequence: a warpgroup with any such row
+        // stores directly instead.
+        st.stage_o(smem + cw * 64 * 128, BM * 128, fb.lse, params.scale_softmax, row0, warp * 16, fb.rows_left, g, t);
+        fence_async_smem();                // generic-proxy writes -> visible to the TMA
+        named_barrier_sync(4 + cw, 128);  // the warpgroup's 64 rows are in
+        if (warp == 0 && lane == 0) {
+            const bool varlen = params.cu_seqlens_q != nullptr;
+            const int q_row = (varlen ? seq.q_start : 0) + m_block * BM + cw * 64;
+#pragma unroll
+            for (int c = 0; c < kAtomCols; ++c)
+                tma_store_4d(&maps.o, sQ + c * BM * 128 + cw * 64 * 128, c * 64, q_row, h, varlen ? 0 : b);
+            bulk_commit();
+            bulk_wait_read<0>();  // shared memory stays valid until the TMA has read it
+        }
+    } else {
+        st.store(fb.o, params.o_row_stride, fb.lse, params.scale_softmax, row0, fb.rows_left, g, t);
+    }
     FWD_CTA_TRACE(trace_cta, 3 + 2 * cw);  // CTA: 3 / 5 warpgroup 1 / 2 stored O
 #ifdef FLASHGPT_FWD_TRACE
     if (trace_cta && cw == 1 && fwd_cta_index() < 65536) g_fwd_cta_ns[fwd_cta_index()][1] = fwd_ns();
@@ -271,6 +293,9 @@ bool run_flash_fwd_sm90_ws(Flash_fwd_params &params, cudaStream_t stream) {
         !make_tile_map(&maps.v, params.v_ptr, bf16, D, k_rows, params.h_k, batch, params.v_row_stride,
                        params.v_head_stride, params.v_batch_stride, kWsBN))
         return false;
+    maps.o_ok = !flash::env_is("FLASHGPT_SM90_TMA_STORE", "0") &&
+                make_tile_map(&maps.o, params.o_ptr, bf16, D, q_rows, params.h, batch, params.o_row_stride,
+                              params.o_head_stride, params.o_batch_stride, 64);
     const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM), /*default_group=*/2);
     const bool is_even = !varlen && params.seqlen_q % kWsBM == 0 && params.seqlen_k % kWsBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {

@@ -113,6 +113,28 @@ struct FwdRowState {
         }
     }
 
+    // O /= l into shared memory for a TMA store, and LSE (direct). tile: this warpgroup's first row of
+    // a 128B-swizzled tile of 64-column atoms (atom a at a * atom_bytes; row r at r * 128 bytes;
+    // 16-byte chunk k of a row at (k ^ r % 8) * 16: the layout the TMA reads), 64 rows; wr0: this
+    // warp's first row in it (16 rows per warp). LSE as in store (rows >= rows_left not written).
+    __device__ __forceinline__ void stage_o(uint8_t *tile, int atom_bytes, float *lse_ptr, float scale, int row0,
+                                            int wr0, int rows_left, int g, int t) const {
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const float l = quad_sum(row_sum[hr]);
+            const bool empty = (l == 0.f) || (l != l);
+            const float inv = empty ? 0.f : 1.f / l;
+            const int r = row0 + g + hr * 8, rt = wr0 + g + hr * 8;
+            if (t == 0 && r < rows_left) lse_ptr[r] = empty ? INFINITY : row_max[hr] * scale + logf(l);
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {  // columns 8j + 2t, 8j + 2t + 1: atom j / 8, chunk j % 8
+                uint8_t *dst = tile + (j / 8) * atom_bytes + rt * 128 + (((j % 8) ^ (rt % 8)) * 16) + t * 4;
+                *reinterpret_cast<uint32_t *>(dst) =
+                    pack2<T>(acc_o[4 * j + 2 * hr] * inv, acc_o[4 * j + 2 * hr + 1] * inv);
+            }
+        }
+    }
+
     // O /= l and LSE, direct 4-byte stores. o_ptr / lse_ptr at the block's first row; row0: this
     // warp's first row in the block; rows >= rows_left are not written.
     __device__ __forceinline__ void store(T *o_ptr, int64_t o_row_stride, float *lse_ptr, float scale, int row0,

@@ -112,6 +112,16 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map
         : "memory");
 #endif
 }
+// One box of shared memory (the layout tma_load_4d writes) to a rank-4 tensor map's global tensor,
+// in this thread's current bulk group (bulk_commit, then bulk_wait_read before the source is reused).
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap *map, uint32_t src, int c0, int c1, int c2, int c3) {
+#ifdef FLASHGPT_WGMMA_ENABLED
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                     reinterpret_cast<uint64_t>(map)),
+                 "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+#endif
+}
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
 #ifdef FLASHGPT_WGMMA_ENABLED
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
