@@ -12,22 +12,14 @@
 #include <cstdlib>
 #include <vector>
 #include <cuda_bf16.h>
+#include "trace_harness.h"
 #include "../kernels/csrc/hopper/flash_bwd_sm90_ws.h"
 
 using T = __nv_bfloat16;
 
-__global__ void fill_random(T *x, int64_t n, uint32_t seed) {
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-        uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-        h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
-        x[i] = __float2bfloat16((float(h & 0xffff) / 65536.f - 0.5f) * 2.f);
-    }
-}
 __global__ void fill_const(float *x, int64_t n, float v) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) x[i] = v;
 }
-
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e_)); exit(1); } } while (0)
 
 int main(int argc, char **argv) {
     const bool causal = argc > 1 ? atoi(argv[1]) != 0 : true;
@@ -48,17 +40,12 @@ int main(int argc, char **argv) {
     p.q_ptr = q; p.k_ptr = k; p.v_ptr = v; p.do_ptr = dO; p.dk_ptr = dk; p.dv_ptr = dv;
     p.lse_ptr = lse; p.dsoftmax_sum_ptr = dsum; p.dq_accum_ptr = dq;
     p.dq_accum_floats = n;  // = the tiled size when s % 64 == 0 (dq_tiles.h)
+    set_dense_params(p, b, s, h, d, causal);
     const int64_t rs = int64_t(h) * d, bs = int64_t(s) * rs;
-    p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = bs;
     p.do_batch_stride = p.dk_batch_stride = p.dv_batch_stride = bs;
-    p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = rs;
     p.do_row_stride = p.dk_row_stride = p.dv_row_stride = rs;
-    p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
     p.do_head_stride = p.dk_head_stride = p.dv_head_stride = d;
-    p.b = b; p.h = p.h_k = h; p.h_h_k_ratio = 1; p.d = d;
-    p.seqlen_q = p.seqlen_k = s; p.total_q = p.total_k = b * s;
-    p.scale_softmax = 1.f / sqrtf(float(d)); p.scale_softmax_log2 = p.scale_softmax * 1.4426950408889634f;
-    p.is_causal = causal; p.deterministic = false;
+    p.deterministic = false;
 #ifdef FLASHGPT_BWD_TRACE
     CK(cudaMemcpyToSymbol(flash::sm90::g_bwd_trace_block, &traced, sizeof(int)));
 #endif
@@ -67,19 +54,10 @@ int main(int argc, char **argv) {
         bool ok = causal ? run_flash_bwd_sm90_ws<T, 128, true>(p, 0) : run_flash_bwd_sm90_ws<T, 128, false>(p, 0);
         if (!ok) { printf("the TMA backward declined (TMA rule or accumulator size)\n"); exit(1); }
     };
-    for (int i = 0; i < 3; ++i) run();
-    CK(cudaDeviceSynchronize());
-    std::vector<float> ms;
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-    for (int i = 0; i < 20; ++i) {
-        CK(cudaEventRecord(e0)); run(); CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
-        float t; CK(cudaEventElapsedTime(&t, e0, e1)); ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
+    const float med = median_ms(run);
     const double flop = 2.5 * 4.0 * b * h * double(s) * s * d * (causal ? 0.5 : 1.0);
-    printf("backward b=%d h=%d s=%d d=%d causal=%d: %.3f ms median, %.1f TFLOP/s\n", b, h, s, d, causal, ms[10],
-           flop / ms[10] * 1e-9);
+    printf("backward b=%d h=%d s=%d d=%d causal=%d: %.3f ms median, %.1f TFLOP/s\n", b, h, s, d, causal, med,
+           flop / med * 1e-9);
     {  // checksum of one run's dQ accumulator (compare builds: the dQ path must not change it)
         CK(cudaMemset(dq, 0, n * 4));
         run();

@@ -185,14 +185,9 @@ def _cu(lens):
     return torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 96, 128])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_varlen(dtype, d, causal):
-    torch.manual_seed(next(_seed))
-    lens_q = [1, 17, 129, 300, 64, 1000]
-    lens_k = [5, 17, 100, 300, 200, 1000]
-    h, hk = 4, 2
+def _check_varlen(lens_q, lens_k, h, hk, d, dtype, causal):
+    """Packed sequences of lengths lens_q / lens_k (h query, hk key/value heads): output and gradients
+    against the fp32 reference, within 2x PyTorch's own bf16/fp16 error (_check)."""
     cu_q, cu_k = _cu(lens_q), _cu(lens_k)
     tq, tk = sum(lens_q), sum(lens_k)
     q = torch.randn(tq, h, d, device="cuda", dtype=dtype, requires_grad=True)
@@ -212,6 +207,14 @@ def test_varlen(dtype, d, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 96, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_varlen(dtype, d, causal):
+    torch.manual_seed(next(_seed))
+    _check_varlen([1, 17, 129, 300, 64, 1000], [5, 17, 100, 300, 200, 1000], 4, 2, d, dtype, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
 def test_varlen_many_short_sequences(d, causal):
     """A packed batch of ~200 sequences of 0-20 tokens and one of 300: the tiled dQ accumulator of the
@@ -220,21 +223,7 @@ def test_varlen_many_short_sequences(d, causal):
     torch.manual_seed(next(_seed))
     gen = torch.Generator().manual_seed(7)
     lens = [int(x) for x in torch.randint(0, 21, (200,), generator=gen)] + [300]
-    h, dtype = 2, torch.bfloat16
-    cu = _cu(lens)
-    total = sum(lens)
-    q, k, v = (torch.randn(total, h, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
-    dout = torch.randn(total, h, d, device="cuda", dtype=dtype)
-    out = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
-    grads = _grads(out, (q, k, v), dout)
-    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
-    out_ref, _ = attention_varlen_ref(qf, kf, vf, cu, cu, causal)
-    grads_ref = _grads(out_ref, (qf, kf, vf), dout.float())
-    out_pt, _ = attention_varlen_ref(q, k, v, cu, cu, causal, upcast=False)
-    grads_pt = _grads(out_pt, (q, k, v), dout)
-    _check("out", out, out_ref, out_pt, EPS_OUT)
-    for n, a, r, p_ in zip(("dq", "dk", "dv"), grads, grads_ref, grads_pt):
-        _check(n, a, r, p_, EPS_GRAD)
+    _check_varlen(lens, lens, 2, 2, d, torch.bfloat16, causal)
 
 
 def test_torch_compile_fullgraph():

@@ -182,6 +182,26 @@ __device__ __forceinline__ void store_acc_subtile(uint8_t *half, const float (&a
     }
 }
 
+// Epilogue through shared memory: this warp's rows of dK (times the softmax scale) and dV into
+// k_rows / v_rows, the warpgroup's first rows of 128B-swizzled tiles of 64-column atoms atom_bytes
+// apart (the K and V tiles as loaded), for TMA stores.
+template <typename T, int D>
+__device__ __forceinline__ void stage_dk_dv(uint8_t *k_rows, uint8_t *v_rows, int atom_bytes, float scale,
+                                            const float (&acc_dk)[D / 2], const float (&acc_dv)[D / 2], int warp,
+                                            int g, int t) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const int r = warp * 16 + g + 8 * hr;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            const int off = swizzled_pair_offset(r, j, t, atom_bytes);
+            *reinterpret_cast<uint32_t *>(k_rows + off) =
+                pack2<T>(acc_dk[4 * j + 2 * hr] * scale, acc_dk[4 * j + 2 * hr + 1] * scale);
+            *reinterpret_cast<uint32_t *>(v_rows + off) = pack2<T>(acc_dv[4 * j + 2 * hr], acc_dv[4 * j + 2 * hr + 1]);
+        }
+    }
+}
+
 // Epilogue: this warp's rows of dK (times the softmax scale) and dV, direct 4-byte stores; rows >=
 // keys_left are not written. dk / dv at the block's first key.
 template <typename T, int D>

@@ -65,6 +65,8 @@ __device__ uint32_t g_bwd_trace[3][512][12];
 
 struct BwdTmaMaps {
     CUtensorMap q, k, v, dO;  // make_tile_map(): boxes of 64 columns x 64 (q, dO) / 128 (k, v) rows
+    CUtensorMap dk, dv;       // boxes of 64 columns x 64 rows (one consumer warpgroup's keys)
+    bool dkv_ok;              // dk's and dv's maps were made (else the epilogue stores directly)
 };
 
 constexpr int kBwsThreads = 384, kBwsBN = 128;
@@ -331,7 +333,30 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         stage_dq(acc_dq, it);  // sub-tile cw: head-dim columns 64cw..
         BWD_TRACE(trace, cw, it, 8);  // 8 dQ staged
     }
-    store_dk_dv<T, D>(params, gp.dk, gp.dv, acc_dk, acc_dv, key_row0, range.keys_left, g, t);
+    // Epilogue through shared memory (as the forward's): this warpgroup's dK and dV go into its own
+    // rows of the K and V tiles, then TMA stores of 64 x 64 boxes. V's rows were read only by this
+    // warpgroup's dP^T, but K's by both warpgroups' dQ products: both pass barrier 1 once more first.
+    // A warpgroup with keys past a packed sequence's end (the next sequence's rows) stores directly.
+    named_barrier_sync(1, 256);
+    if (maps.dkv_ok && range.keys_left >= 64 * cw + 64) {
+        stage_dk_dv<T, D>(smem + cw * 64 * 128, smem + L::V + cw * 64 * 128, BN * 128, params.scale_softmax, acc_dk,
+                          acc_dv, warp, g, t);
+        fence_async_smem();                // generic-proxy writes -> visible to the TMA
+        named_barrier_sync(6 + cw, 128);  // the warpgroup's 64 rows of both are in
+        if (warp == 0 && lane == 0) {
+            const bool varlen = params.cu_seqlens_q != nullptr;
+            const int k_row = (varlen ? seq.k_start : 0) + n_block * BN + cw * 64, batch = varlen ? 0 : b;
+#pragma unroll
+            for (int c = 0; c < D / 64; ++c) {
+                tma_store_4d(&maps.dk, sK + c * BN * 128 + cw * 64 * 128, c * 64, k_row, h, batch);
+                tma_store_4d(&maps.dv, sV + c * BN * 128 + cw * 64 * 128, c * 64, k_row, h, batch);
+            }
+            bulk_commit();
+            bulk_wait_read<0>();  // shared memory stays valid until the TMA has read it
+        }
+    } else {
+        store_dk_dv<T, D>(params, gp.dk, gp.dv, acc_dk, acc_dv, key_row0, range.keys_left, g, t);
+    }
 #else
     __trap();
 #endif
@@ -361,6 +386,12 @@ bool run_flash_bwd_sm90_ws(Flash_bwd_params &params, cudaStream_t stream) {
         !make_tile_map(&maps.v, params.v_ptr, bf16, D, k_rows, params.h_k, batch, params.v_row_stride,
                        params.v_head_stride, params.v_batch_stride, kBwsBN))
         return false;
+    // dK / dV per query head (the binding sums them over a key/value head's group when h > h_k).
+    maps.dkv_ok = !flash::env_is("FLASHGPT_SM90_TMA_STORE", "0") &&
+                  make_tile_map(&maps.dk, params.dk_ptr, bf16, D, k_rows, params.h, batch, params.dk_row_stride,
+                                params.dk_head_stride, params.dk_batch_stride, 64) &&
+                  make_tile_map(&maps.dv, params.dv_ptr, bf16, D, k_rows, params.h, batch, params.dv_row_stride,
+                                params.dv_head_stride, params.dv_batch_stride, 64);
     const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_k, kBwsBN), /*default_group=*/2);
     const bool is_even = !varlen && params.seqlen_q % BwsSmem<D>::BM == 0 && params.seqlen_k % kBwsBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {

@@ -128,8 +128,7 @@ struct FwdRowState {
             if (t == 0 && r < rows_left) lse_ptr[r] = empty ? INFINITY : row_max[hr] * scale + logf(l);
 #pragma unroll
             for (int j = 0; j < D / 8; ++j) {  // columns 8j + 2t, 8j + 2t + 1: atom j / 8, chunk j % 8
-                uint8_t *dst = tile + (j / 8) * atom_bytes + rt * 128 + (((j % 8) ^ (rt % 8)) * 16) + t * 4;
-                *reinterpret_cast<uint32_t *>(dst) =
+                *reinterpret_cast<uint32_t *>(tile + swizzled_pair_offset(rt, j, t, atom_bytes)) =
                     pack2<T>(acc_o[4 * j + 2 * hr] * inv, acc_o[4 * j + 2 * hr + 1] * inv);
             }
         }
