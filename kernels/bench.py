@@ -40,7 +40,7 @@ VARIANTS = {"fa2": ("FLASHGPT_SM90", "0"),                 # the FA2 (mma.sync) 
             "headmajor": ("FLASHGPT_GRID_ORDER", "head"),   # grids in head-major order (sessions 1-4)
             "group1": ("FLASHGPT_GRID_GROUP", "1"),         # plain block-major launch order (sessions 5-6)
             "fa2bwd": ("FLASHGPT_SM90_BWD", "0"),           # the Hopper forward with the FA2 backward
-            "directstore": ("FLASHGPT_SM90_TMA_STORE", "0")}  # TMA forward storing O from registers (to v13)
+            "directstore": ("FLASHGPT_SM90_TMA_STORE", "0")}  # TMA kernels storing O / dK / dV from registers (to v13)
 
 
 @contextlib.contextmanager
@@ -176,7 +176,7 @@ def main() -> None:
     ap.add_argument("--compare-fa2bwd", action="store_true",
                     help="also time the Hopper forward with the FA2 backward (FLASHGPT_SM90_BWD=0)")
     ap.add_argument("--compare-directstore", action="store_true",
-                    help="also time the TMA forward storing O from registers (FLASHGPT_SM90_TMA_STORE=0)")
+                    help="also time the TMA kernels storing O / dK / dV from registers (FLASHGPT_SM90_TMA_STORE=0)")
     ap.add_argument("--call-time", action="store_true",
                     help="time synchronised eager calls, host launch time included (the sweeps of sessions 1-8) "
                          "instead of the GPU time of calls the host has already queued")

@@ -40,6 +40,13 @@ inline bool pingpong_forward() {
     return !env_is("FLASHGPT_SM90_PINGPONG", "0");
 }
 
+// The TMA kernels write O (forward) and dK / dV (backward) through shared memory and TMA stores,
+// unless FLASHGPT_SM90_TMA_STORE=0: direct stores from registers, as up to v13 (read on every call;
+// kernels/bench.py --compare-directstore).
+inline bool tma_store_epilogue() {
+    return !env_is("FLASHGPT_SM90_TMA_STORE", "0");
+}
+
 enum Pass { kFwd = 0, kBwd = 1 };
 
 // FLASHGPT_SM90_ALWAYS=1: the Hopper kernel wherever one exists, whatever the defaults and the tuning

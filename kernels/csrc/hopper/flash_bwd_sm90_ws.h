@@ -34,6 +34,7 @@
 #include "../static_switch.h"
 #include "../utils.h"
 #include "bwd_consumer.h"
+#include "dispatch.h"  // tma_store_epilogue
 #include "dq_tiles.h"
 #include "tma.h"
 #include "wgmma.h"
@@ -387,7 +388,7 @@ bool run_flash_bwd_sm90_ws(Flash_bwd_params &params, cudaStream_t stream) {
                        params.v_head_stride, params.v_batch_stride, kBwsBN))
         return false;
     // dK / dV per query head (the binding sums them over a key/value head's group when h > h_k).
-    maps.dkv_ok = !flash::env_is("FLASHGPT_SM90_TMA_STORE", "0") &&
+    maps.dkv_ok = tma_store_epilogue() &&
                   make_tile_map(&maps.dk, params.dk_ptr, bf16, D, k_rows, params.h, batch, params.dk_row_stride,
                                 params.dk_head_stride, params.dk_batch_stride, 64) &&
                   make_tile_map(&maps.dv, params.dv_ptr, bf16, D, k_rows, params.h, batch, params.dv_row_stride,

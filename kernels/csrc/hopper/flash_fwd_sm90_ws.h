@@ -293,7 +293,7 @@ bool run_flash_fwd_sm90_ws(Flash_fwd_params &params, cudaStream_t stream) {
         !make_tile_map(&maps.v, params.v_ptr, bf16, D, k_rows, params.h_k, batch, params.v_row_stride,
                        params.v_head_stride, params.v_batch_stride, kWsBN))
         return false;
-    maps.o_ok = !flash::env_is("FLASHGPT_SM90_TMA_STORE", "0") &&
+    maps.o_ok = tma_store_epilogue() &&
                 make_tile_map(&maps.o, params.o_ptr, bf16, D, q_rows, params.h, batch, params.o_row_stride,
                               params.o_head_stride, params.o_batch_stride, 64);
     const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM), /*default_group=*/2);

@@ -55,8 +55,6 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t smem_addr, uint32_t lbo_b
 // 16-byte units, and shared-memory addresses stay below 2^18 bytes, so the add never carries out.
 __device__ __forceinline__ uint64_t desc_at(uint64_t desc, uint32_t off_bytes) { return desc + (off_bytes >> 4); }
 
-// x, hidden from the optimiser: what derives from it is computed where it is used. Keeps the block
-// loops from hoisting loop-invariant descriptors / addresses into registers (which it then spills).
 // Byte offset of columns 8j + 2t and 8j + 2t + 1 (16-bit elements; a wgmma accumulator thread's
 // pair) of row r in a 128B-swizzled tile of 64-column atoms: atom j / 8 at atom_bytes * (j / 8), row r
 // at r * 128, 16-byte chunk k of a row at (k ^ r % 8) * 16 -- the layout TMA loads and stores. The
@@ -65,6 +63,8 @@ __device__ __forceinline__ int swizzled_pair_offset(int r, int j, int t, int ato
     return (j / 8) * atom_bytes + r * 128 + (((j % 8) ^ (r % 8)) * 16) + t * 4;
 }
 
+// x, hidden from the optimiser: what derives from it is computed where it is used. Keeps the block
+// loops from hoisting loop-invariant descriptors / addresses into registers (which it then spills).
 __device__ __forceinline__ uint32_t opaque(uint32_t x) {
     asm volatile("" : "+r"(x));
     return x;
