@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from model.gpt import GPT  # noqa: E402
 from training.config import load_config  # noqa: E402
+from training.gpu_telemetry import GpuTelemetry  # noqa: E402
 from training.metrics import measure_gemm_ceiling, peak_flops  # noqa: E402
 from training.profiling import profile_call  # noqa: E402
 
@@ -71,8 +72,12 @@ def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, micro
         opt.zero_grad(set_to_none=True)
 
     torch.cuda.reset_peak_memory_stats()
+    telemetry = GpuTelemetry.open(torch.device("cuda"))
+    power = {}
     with sdpa_kernel(getattr(SDPBackend, SDPA[backend])):
         for i in range(warmup + steps):
+            if i == warmup and telemetry is not None:
+                telemetry.mark()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             one_step()
@@ -80,7 +85,10 @@ def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, micro
             end.synchronize()
             if i >= warmup:
                 times.append(start.elapsed_time(end) / 1e3)
-    out = {"step_s": statistics.median(times), "mem_gb": torch.cuda.max_memory_allocated() / 1e9}
+    if telemetry is not None:
+        power = telemetry.mark(tokens=steps * accum * micro * T)
+        telemetry.close()
+    out = {"step_s": statistics.median(times), "mem_gb": torch.cuda.max_memory_allocated() / 1e9, **power}
     with sdpa_kernel(getattr(SDPBackend, SDPA[backend])):
         _, shares = profile_call(one_step, torch.device("cuda"), trace_dir / f"{setup}.json")
     out["attn_share"], out["mm_share"] = shares["time_share_attention"], shares["time_share_matmul"]
@@ -112,8 +120,11 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
     del trainer
     torch.cuda.empty_cache()
     mem = max(r.get("mem_max_alloc_gb") or 0.0 for r in records)  # the trainer resets the peak per log
+    power = {k: statistics.median(r[k] for r in records if k in r and warmup < r["step"] < last)
+             for k in ("gpu_sm_clock_mhz", "gpu_power_w", "gpu_j_per_token")
+             if any(k in r and warmup < r["step"] < last for r in records)}
     return {"step_s": statistics.median(times), "mem_gb": mem, "attention": backend,
-            "attn_share": shares["time_share_attention"], "mm_share": shares["time_share_matmul"]}
+            "attn_share": shares["time_share_attention"], "mm_share": shares["time_share_matmul"], **power}
 
 
 def main(argv=None) -> int:
@@ -129,6 +140,8 @@ def main(argv=None) -> int:
                    help="where the profiled step's Chrome traces and top-kernel lists go (default: a temp dir)")
     p.add_argument("--keep-traces", action="store_true",
                    help="keep the Chrome traces (large); the top-kernel lists are always kept")
+    p.add_argument("--sustain-s", type=float, default=5.0,
+                   help="seconds of GEMMs before timing the power-capped GEMM ceiling")
     p.add_argument("overrides", nargs="*", help="config overrides for our trainer (key=value)")
     args = p.parse_args(argv)
     cfg = load_config(args.config)
@@ -139,6 +152,13 @@ def main(argv=None) -> int:
     fpt, fpt_causal = cfg.model.flops_per_token(), cfg.model.flops_per_token(causal_aware=True)
     peak, peak_src = peak_flops(torch.device("cuda"))
     gemm = measure_gemm_ceiling(torch.device("cuda"))
+    telemetry = GpuTelemetry.open(torch.device("cuda"))
+    if telemetry is not None:
+        telemetry.mark()
+    gemm_capped = measure_gemm_ceiling(torch.device("cuda"), iters=100, sustain_s=args.sustain_s)
+    gemm_clock = (telemetry.mark() if telemetry else {}).get("gpu_sm_clock_mhz")  # over the sustained GEMMs
+    if telemetry is not None:
+        telemetry.close()
     trace_dir = args.trace_dir or Path(tempfile.mkdtemp(prefix="e2e_"))
     trace_dir.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -164,22 +184,27 @@ def main(argv=None) -> int:
                 trace.unlink()
         tok_s = tokens / r["step_s"]
         rows.append((setup, r["attention"], tok_s, fpt * tok_s / 1e12, fpt_causal * tok_s / 1e12, r["mem_gb"],
-                     r["attn_share"], r["mm_share"]))
+                     r["attn_share"], r["mm_share"], r))
         print(f"[e2e] {setup}: {tok_s / 1e3:.1f}k tokens/s, {fpt * tok_s / 1e12:.0f} TFLOP/s (paper), "
               f"attention {100 * r['attn_share']:.1f}% of GPU time", flush=True)
     print(f"\n{args.config}: {cfg.model.num_params() / 1e6:.1f}M params, seq {cfg.model.seq_len}, "
           f"{n_micro} x {micro} micro-batches per step | {torch.cuda.get_device_name()} | torch {torch.__version__}"
-          f" | traces {trace_dir} | peak {peak_src} | measured bf16 GEMM ceiling {gemm / 1e12:.0f} TFLOP/s")
+          f" | traces {trace_dir} | peak {peak_src} | measured bf16 GEMM ceiling {gemm / 1e12:.0f} TFLOP/s"
+          f" (cold GPU, full clock), {gemm_capped / 1e12:.0f} TFLOP/s after {args.sustain_s:g} s of GEMMs"
+          + (f" (SM clock {gemm_clock:.0f} MHz: the board power limit)" if gemm_clock else ""))
     base = next((r[3] for r in rows if r[0] == "eager_cudnn"), None)
     print("| setup | attention | tokens/s | TFLOP/s (paper) | TFLOP/s (causal) | MFU vs peak | vs GEMM ceiling "
-          "| peak mem GB | GPU time: attention / matmul / other | ratio vs eager_cudnn |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for setup, attn, tok_s, tf, tfc, mem, share, mm in rows:
+          "(cold / sustained) | peak mem GB | GPU time: attention / matmul / other | SM MHz / W / mJ per token "
+          "| ratio vs eager_cudnn |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for setup, attn, tok_s, tf, tfc, mem, share, mm, r in rows:
         ratio = f"{tf / base:.3f}" if base else "-"
         mfu = f"{100 * tf * 1e12 / peak:.1f}%" if peak else "n/a"
+        power = (f"{r['gpu_sm_clock_mhz']:.0f} / {r['gpu_power_w']:.0f} / {1e3 * r['gpu_j_per_token']:.1f}"
+                 if "gpu_sm_clock_mhz" in r and "gpu_j_per_token" in r else "n/a")
         print(f"| {setup} | {attn} | {tok_s / 1e3:.1f}k | {tf:.0f} | {tfc:.0f} | {mfu} | "
-              f"{100 * tf * 1e12 / gemm:.1f}% | {mem:.1f} | {100 * share:.1f}% / {100 * mm:.1f}% / "
-              f"{100 * (1 - share - mm):.1f}% | {ratio} |")
+              f"{100 * tf * 1e12 / gemm:.1f}% / {100 * tf * 1e12 / gemm_capped:.1f}% | {mem:.1f} | "
+              f"{100 * share:.1f}% / {100 * mm:.1f}% / {100 * (1 - share - mm):.1f}% | {power} | {ratio} |")
     return 0
 
 

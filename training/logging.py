@@ -23,7 +23,8 @@ from training.metrics import format_mfu
 # W&B summaries so runs line up side by side in the runs table.
 WANDB_SUMMARIES = {"loss": "min,last", "eval/loss": "min,last", "tokens_per_s": "mean",
                    "tokens_per_s_per_gpu": "mean", "tflops_paper": "mean", "tflops_causal": "mean",
-                   "mfu_paper": "mean", "mfu_causal": "mean", "step_time_s": "mean"}
+                   "mfu_paper": "mean", "mfu_causal": "mean", "step_time_s": "mean",
+                   "gpu_sm_clock_mhz": "mean", "gpu_power_w": "mean", "gpu_j_per_token": "mean"}
 
 
 def _config_dict(cfg: Any) -> dict:
@@ -197,6 +198,8 @@ class RunLogger:
             parts.append(f"mfu={format_mfu(m['mfu_paper'])}")
         elif m.get("tflops_paper") is not None:
             parts.append(f"tflops={m['tflops_paper']:.3g} mfu=n/a")
+        if m.get("gpu_sm_clock_mhz") is not None:  # a power-capped step runs below the full clock
+            parts.append(f"sm={m['gpu_sm_clock_mhz']:.0f}MHz {m['gpu_power_w']:.0f}W")
         if self._bar is not None:
             self.advance(step)
             self._bar.set_postfix_str(" ".join(parts), refresh=True)

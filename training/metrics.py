@@ -76,14 +76,20 @@ def peak_flops(device: Union[torch.device, str]) -> Tuple[Optional[float], str]:
 
 
 def measure_gemm_ceiling(device: Union[torch.device, str], n: int = 8192, dtype: torch.dtype = torch.bfloat16,
-                         iters: int = 20, warmup: int = 5) -> float:
+                         iters: int = 20, warmup: int = 5, sustain_s: float = 0.0) -> float:
     """Measured n×n×n matmul FLOP/s (2·n³ per GEMM), median over `iters`. For benchmarks only.
 
-    CUDA: timed with CUDA events after `warmup` GEMMs. CPU: host clock (use a small n there)."""
+    CUDA: timed with CUDA events after `warmup` GEMMs. CPU: host clock (use a small n there).
+    sustain_s > 0 first keeps the GPU busy with GEMMs for that long, so the timed ones run at the
+    clock the board's power limit allows under sustained load (what a training step sees), not at
+    the full clock of a cold GPU."""
     dev = torch.device(device)
     a = torch.randn(n, n, device=dev, dtype=dtype)
     b = torch.randn(n, n, device=dev, dtype=dtype)
     for _ in range(warmup):
+        a @ b
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < sustain_s:  # the host waits on a full launch queue: no sync needed
         a @ b
     times_s = []
     if dev.type == "cuda":

@@ -21,6 +21,7 @@ from training.config import Config, grad_accum_steps, save_resolved, to_dict
 from training.distributed import DistInfo
 from training.engine import TorchEngine, autocast_dtype, build_engine
 from training.logging import RunLogger
+from training.gpu_telemetry import GpuTelemetry
 from training.metrics import DeferredScalars, ThroughputMeter, memory_stats, peak_flops
 from training.profiling import profile_call
 from training.signals import StopSignal
@@ -210,7 +211,15 @@ class Trainer:
         logger.info(self._banner(resumed, peak_src))
         deferred = DeferredScalars()
         stop_at = t.max_steps if t.stop_after is None else min(t.max_steps, self.step + t.stop_after)
-        meter.mark(self.step)
+        telemetry = GpuTelemetry.open(self.dist.device)  # SM clock / power / energy; None on CPU
+
+        def restart_intervals():  # keep evaluation and checkpoint time out of the per-step figures
+            meter.mark(self.step)
+            if telemetry is not None:
+                telemetry.mark()
+            return self.step
+
+        interval_start = restart_intervals()
         signals = StopSignal()
         try:
             signals.__enter__()
@@ -230,25 +239,31 @@ class Trainer:
                 self.tokens_seen += self.tokens_per_step
                 if logger.should_log(self.step):
                     timing = meter.mark(self.step) or {}
+                    if telemetry is not None:  # tokens this GPU ran since the last mark
+                        tokens = (self.step - interval_start) * self.tokens_per_step // self.dist.world_size
+                        timing.update(telemetry.mark(tokens))
+                    interval_start = self.step
                     deferred.push(self.step, {**values, **timing, "tokens_seen": self.tokens_seen,
                                               **memory_stats(self.dist.device)})
                 for step, metrics in deferred.pop_ready():
                     logger.log(step, metrics)
                 if self._due(t.eval_interval) and self.val_loader is not None:
                     logger.log_eval(self.step, {"loss": self.evaluate()})
-                    meter.mark(self.step)  # keep evaluation time out of tokens/s
+                    interval_start = restart_intervals()
                 if self._due(t.ckpt_interval) or (self.step == stop_at and (t.save_final or self.step < t.max_steps)) or stop:
                     for step, metrics in deferred.flush():
                         logger.log(step, metrics)
                     path = self.save()
                     logger.info(f"checkpoint: {path}")
-                    meter.mark(self.step)  # keep checkpoint time out of tokens/s
+                    interval_start = restart_intervals()
                 if stop:  # every rank saw the same flag: all stop here
                     logger.info(f"{signals.received or 'stop signal (another rank)'} received: stopped at "
                                 f"step {self.step} with checkpoint {path}; rerun the same command to resume")
                     break
         finally:
             signals.__exit__()
+            if telemetry is not None:
+                telemetry.close()
             for step, metrics in deferred.flush():  # also when an error stops the run
                 logger.log(step, metrics)
             logger.close()
