@@ -8,6 +8,9 @@
 //   nvcc -std=c++17 -O3 --use_fast_math --expt-relaxed-constexpr -DFLASHGPT_HAS_SM90A \
 //     -gencode arch=compute_90a,code=sm_90a [-DFLASHGPT_FWD_TRACE] -o /tmp/fwd_trace bench/fwd_trace.cu
 //   /tmp/fwd_trace [causal=1] [seqlen=8192] [batch=2] [heads=16] [traced query block=seqlen/128-1]
+//                  [persistent=0]
+// persistent=1 launches the kernel as the extension does (one CTA per SM on a tile counter); the
+// per-CTA timeline (1) then describes whole persistent CTAs and is not printed -- time it only.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +28,7 @@ int main(int argc, char **argv) {
     const bool causal = argc > 1 ? atoi(argv[1]) != 0 : true;
     const int s = argc > 2 ? atoi(argv[2]) : 8192, b = argc > 3 ? atoi(argv[3]) : 2, h = argc > 4 ? atoi(argv[4]) : 16;
     const int traced = argc > 5 ? atoi(argv[5]) : s / 128 - 1, d = 128;
+    const bool persistent = argc > 6 && atoi(argv[6]) != 0;
     const int64_t n = int64_t(b) * s * h * d, nrow = int64_t(b) * h * s;
     T *q, *k, *v, *o;
     float *lse;
@@ -35,6 +39,7 @@ int main(int argc, char **argv) {
     Flash_fwd_params p{};
     p.q_ptr = q; p.k_ptr = k; p.v_ptr = v; p.o_ptr = o; p.lse_ptr = lse;
     set_dense_params(p, b, s, h, d, causal);
+    if (persistent) CK(cudaMalloc(&p.tile_counter, sizeof(int)));  // zeroed by the launcher per run
 #ifdef FLASHGPT_FWD_TRACE
     CK(cudaMemcpyToSymbol(flash::sm90::g_fwd_trace_block, &traced, sizeof(int)));
 #endif
@@ -45,8 +50,8 @@ int main(int argc, char **argv) {
     };
     const float med = median_ms(run);
     const double flop = 4.0 * b * h * double(s) * s * d * (causal ? 0.5 : 1.0);
-    printf("forward b=%d h=%d s=%d d=%d causal=%d: %.3f ms median, %.1f TFLOP/s\n", b, h, s, d, causal, med,
-           flop / med * 1e-9);
+    printf("forward b=%d h=%d s=%d d=%d causal=%d persistent=%d: %.3f ms median, %.1f TFLOP/s\n", b, h, s, d,
+           causal, int(persistent), med, flop / med * 1e-9);
     {  // checksum of O (compare builds: a schedule change must not change it)
         std::vector<uint16_t> ho(n);
         CK(cudaMemcpy(ho.data(), o, n * 2, cudaMemcpyDeviceToHost));
@@ -60,6 +65,7 @@ int main(int argc, char **argv) {
         printf("O checksum: weighted sum %.6e\n", sum);
     }
 #ifdef FLASHGPT_FWD_TRACE
+    if (persistent) return 0;
     // (1) the grid: the last run's per-CTA records.
     const int nblk = (s + 127) / 128, ncta = std::min(65536, nblk * b * h);
     static long long clk[65536][6];

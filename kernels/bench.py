@@ -12,7 +12,8 @@ Error column: max |ours - fp32 reference| of the forward output on batch 0, head
 
     python -m kernels.bench [--reps 30] [--hdims 64 128] [--seqlens 512 1024 ...] [--json out.json]
                             [--compare-fa2] [--compare-cpasync] [--compare-nopingpong]
-                            [--compare-headmajor] [--compare-fa2bwd] [--only-ours] [--call-time]
+                            [--compare-headmajor] [--compare-fa2bwd] [--compare-directstore]
+                            [--compare-nopersist] [--only-ours] [--call-time]
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ VARIANTS = {"fa2": ("FLASHGPT_SM90", "0"),                 # the FA2 (mma.sync) 
             "headmajor": ("FLASHGPT_GRID_ORDER", "head"),   # grids in head-major order (sessions 1-4)
             "group1": ("FLASHGPT_GRID_GROUP", "1"),         # plain block-major launch order (sessions 5-6)
             "fa2bwd": ("FLASHGPT_SM90_BWD", "0"),           # the Hopper forward with the FA2 backward
-            "directstore": ("FLASHGPT_SM90_TMA_STORE", "0")}  # TMA kernels storing O / dK / dV from registers (to v13)
+            "directstore": ("FLASHGPT_SM90_TMA_STORE", "0"),  # TMA kernels storing O / dK / dV from registers (to v13)
+            "nopersist": ("FLASHGPT_SM90_PERSISTENT", "0")}  # TMA forward with one CTA per tile (to v14)
 
 
 @contextlib.contextmanager
@@ -177,6 +179,9 @@ def main() -> None:
                     help="also time the Hopper forward with the FA2 backward (FLASHGPT_SM90_BWD=0)")
     ap.add_argument("--compare-directstore", action="store_true",
                     help="also time the TMA kernels storing O / dK / dV from registers (FLASHGPT_SM90_TMA_STORE=0)")
+    ap.add_argument("--compare-nopersist", action="store_true",
+                    help="also time the TMA forward with one CTA per tile instead of persistent "
+                         "(FLASHGPT_SM90_PERSISTENT=0)")
     ap.add_argument("--call-time", action="store_true",
                     help="time synchronised eager calls, host launch time included (the sweeps of sessions 1-8) "
                          "instead of the GPU time of calls the host has already queued")

@@ -47,6 +47,23 @@ inline bool tma_store_epilogue() {
     return !env_is("FLASHGPT_SM90_TMA_STORE", "0");
 }
 
+// The TMA forward as a persistent kernel (one CTA per SM taking tiles from a counter, the next tile's
+// Q loading during the current one) unless FLASHGPT_SM90_PERSISTENT=0: one CTA per tile, as up to
+// v14 (read on every call; kernels/bench.py --compare-nopersist).
+inline bool persistent_forward() {
+    return !env_is("FLASHGPT_SM90_PERSISTENT", "0");
+}
+
+// Streaming multiprocessors of the current device (read once per process and device ordinal).
+inline int sm_count() {
+    static int cached[64] = {0};
+    int dev = 0;
+    FLASH_CHECK_CUDA(cudaGetDevice(&dev));
+    int &n = cached[dev & 63];
+    if (n == 0) FLASH_CHECK_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+}
+
 enum Pass { kFwd = 0, kBwd = 1 };
 
 // FLASHGPT_SM90_ALWAYS=1: the Hopper kernel wherever one exists, whatever the defaults and the tuning

@@ -13,8 +13,16 @@
 //   k_empty[s], v_empty[s]: 8 arrivals, lane 0 of each consumer warp once its wgmma reading the slot
 //   has completed. Tile it uses slot it % kStages in round it / kStages; a waiter on round r waits
 //   for parity r & 1 (full) or (r & 1) ^ 1 (empty: round 0 passes at once on a fresh barrier).
-// Shared memory (128B-swizzled, wgmma.h): Q 128 x D, kStages x (K, V) 128 x D, then the barriers.
+// Persistent (v15, session 10): one CTA per SM walks the work list (FwdTiles: the tiles in the launch
+// order of a one-CTA-per-tile grid, taken from an atomic counter, so the causal list schedule stays).
+// Q is double-buffered: the producer loads the next tile's Q and first K/V while the consumers finish
+// the current tile, and each consumer warpgroup stages its O rows in the current Q buffer for the
+// TMA store, freeing the buffer (q_empty) once the store has read it. No CTA start-up, barrier setup
+// or epilogue stands between two tiles of an SM. FLASHGPT_SM90_PERSISTENT=0: one CTA per tile.
+// Shared memory (128B-swizzled, wgmma.h): 2 x Q 128 x D, kStages x (K, V) 128 x D, the barriers, the
+// two tile ids.
 #pragma once
+#include <algorithm>
 #include <type_traits>
 #include "../flash.h"
 #include "../flash_fwd_kernel.h"  // SeqInfo, FwdBlock
@@ -74,27 +82,45 @@ struct FwdTmaMaps {
     bool o_ok;            // o's map was made (else the epilogue stores O directly)
 };
 
+// The work list: tile L (0 <= L < num_tiles) is (batch * head, query block) in the launch order of
+// grid_order.h's grid (group, num_blocks, bh / group), x fastest. CTA i starts with tile i; with a
+// counter (persistent launch, one CTA per SM) each CTA then takes tile gridDim.x + atomicAdd(counter, 1)
+// until the list is done -- the same list schedule as a launch of num_tiles CTAs, without a CTA's
+// start-up and epilogue between tiles. Without one (counter == nullptr) every CTA runs one tile.
+struct FwdTiles {
+    int group, num_blocks, num_tiles;
+    int *counter;  // zeroed before the launch; nullptr: one tile per CTA
+};
+
+__device__ __forceinline__ GridTile fwd_tile_at(const FwdTiles &tiles, int linear) {
+    const int x = linear % tiles.group, y = (linear / tiles.group) % tiles.num_blocks,
+              z = linear / (tiles.group * tiles.num_blocks);
+    return GridTile{z * tiles.group + x, y, tiles.num_blocks};
+}
+
 constexpr int kWsThreads = 384, kWsBM = 128, kWsBN = 128;
-constexpr int kWsProducerRegs = 24, kWsConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 64K registers
+constexpr int kWsProducerRegs = 24, kWsConsumerRegs = 240;  // 128 x 24 + 256 x 240 = 384 x 168, the CTA pool at launch
+constexpr int kWsQBufs = 2;                                  // Q of the next tile loads during this one
 template <int D> constexpr int kWsStages = D == 64 ? 4 : 2;    // 2 x 64 KB of K/V at D = 128
 template <int D> constexpr int kWsTileBytes = 128 * D * 2;
-template <int D> constexpr int kWsBarrierOffset = (1 + 2 * kWsStages<D>) * kWsTileBytes<D>;
-template <int D> constexpr int kWsSmemBytes = kWsBarrierOffset<D> + (1 + 4 * kWsStages<D>) * 8;
+template <int D> constexpr int kWsBarrierOffset = (kWsQBufs + 2 * kWsStages<D>) * kWsTileBytes<D>;
+// barriers: q_full[2], q_empty[2], k_full[S], v_full[S], k_empty[S], v_empty[S]; then tile ids[2]
+template <int D> constexpr int kWsSmemBytes = kWsBarrierOffset<D> + (2 * kWsQBufs + 4 * kWsStages<D>) * 8 + 8;
 
 template <typename T, int D, bool Is_causal, bool Is_even, bool Pingpong>
 __global__ void __launch_bounds__(kWsThreads, 1)
-    flash_fwd_sm90_ws_kernel(const __grid_constant__ Flash_fwd_params params, const __grid_constant__ FwdTmaMaps maps) {
+    flash_fwd_sm90_ws_kernel(const __grid_constant__ Flash_fwd_params params, const __grid_constant__ FwdTmaMaps maps,
+                             const FwdTiles tiles) {
 #ifdef FLASHGPT_WGMMA_ENABLED
     constexpr int BM = kWsBM, BN = kWsBN, S = kWsStages<D>, kTile = kWsTileBytes<D>;
     constexpr int kAtomCols = D / 64;  // TMA boxes per tile (64 columns each)
     extern __shared__ __align__(1024) uint8_t smem[];
-    const uint32_t sQ = smem_u32(smem), sK = sQ + kTile, sV = sK + S * kTile;
-    const uint32_t bar = sQ + kWsBarrierOffset<D>;  // q_full, k_full[S], v_full[S], k_empty[S], v_empty[S]
-    const uint32_t q_full = bar, k_full = bar + 8, v_full = k_full + 8 * S, k_empty = v_full + 8 * S,
-                   v_empty = k_empty + 8 * S;
+    const uint32_t sQ = smem_u32(smem), sK = sQ + kWsQBufs * kTile, sV = sK + S * kTile;
+    const uint32_t bar = sQ + kWsBarrierOffset<D>;
+    const uint32_t q_full = bar, q_empty = bar + 8 * kWsQBufs, k_full = q_empty + 8 * kWsQBufs,
+                   v_full = k_full + 8 * S, k_empty = v_full + 8 * S, v_empty = k_empty + 8 * S;
+    volatile int *tile_ids = reinterpret_cast<volatile int *>(smem + kWsBarrierOffset<D> + (2 * kWsQBufs + 4 * S) * 8);
 
-    const GridTile tile = grid_tile();
-    const int m_block = tile.num_blocks - 1 - tile.block;  // heaviest (causal) first
 #ifdef FLASHGPT_FWD_TRACE
     if (threadIdx.x == 0 && fwd_cta_index() < 65536) {
         int sm;
@@ -104,24 +130,17 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     }
 #endif
     FWD_CTA_TRACE(threadIdx.x == 0, 0);  // CTA: 0 entry
-    const int b = tile.bh / params.h, h = tile.bh % params.h;
     // wg and warp through a shuffle: provably warp-uniform, so what derives from them (shared-memory
     // addresses, wgmma descriptors) stays in uniform registers.
     const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0),
               warp = __shfl_sync(0xffffffffu, (tid % 128) / 32, 0), lane = tid % 32;
-
-    const SeqInfo seq(params, b);
-    if (m_block * BM >= seq.sq) return;
-    const FwdBlock<T> fb = FwdBlock<T>::template make<Is_causal>(params, seq, b, h, m_block, BM, BN);
-    const int n_tiles = fb.n_block_max;
-    if (n_tiles <= 0) {
-        fb.write_empty(params, BM, D, tid, kWsThreads);
-        return;
-    }
-    auto key_block = [&](int it) { return n_tiles - 1 - it; };  // from the causal diagonal down
+    const bool varlen = params.cu_seqlens_q != nullptr;
 
     if (tid == 0) {
-        mbar_init(q_full, 1);
+        for (int i = 0; i < kWsQBufs; ++i) {
+            mbar_init(q_full + 8 * i, 1);
+            mbar_init(q_empty + 8 * i, 2);  // one arrival per consumer warpgroup
+        }
         for (int s = 0; s < S; ++s) {
             mbar_init(k_full + 8 * s, 1);
             mbar_init(v_full + 8 * s, 1);
@@ -132,32 +151,60 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     }
     __syncthreads();
 
+    // Tile n of this CTA goes through Q buffer n % 2: the producer writes its id (-1: no more tiles)
+    // into tile_ids[n % 2] and arrives on q_full (with Q's bytes when the tile has work); each consumer
+    // warpgroup arrives on q_empty once its O rows, staged in that buffer, have been read by the TMA.
     if (wg == 0) {  // ---- producer ----------------------------------------------------------------
         regs_release<kWsProducerRegs>();
         if (tid == 0) {
             tma_prefetch_map(&maps.q);
             tma_prefetch_map(&maps.k);
             tma_prefetch_map(&maps.v);
-            const bool varlen = params.cu_seqlens_q != nullptr;
-            const int batch = varlen ? 0 : b, h_k = h / params.h_h_k_ratio;
-            const int q_row = (varlen ? seq.q_start : 0) + m_block * BM, k_row = varlen ? seq.k_start : 0;
-            mbar_arrive_expect_tx(q_full, kTile);
+            int s = 0;                  // K/V ring slot of the next load
+            uint32_t empty_parity = 1;  // and the parity its empty barriers complete next (1: a fresh barrier)
+            int linear = blockIdx.x;
+            for (int n = 0;; ++n) {
+                const int qb = n % kWsQBufs;
+                mbar_wait(q_empty + 8 * qb, ((n / kWsQBufs) & 1) ^ 1);
+                if (linear >= tiles.num_tiles) {
+                    tile_ids[qb] = -1;
+                    mbar_arrive_if(q_full + 8 * qb, true);
+                    break;
+                }
+                tile_ids[qb] = linear;
+                const GridTile tile = fwd_tile_at(tiles, linear);
+                const int m_block = tile.num_blocks - 1 - tile.block;  // heaviest (causal) first
+                const int b = tile.bh / params.h, h = tile.bh % params.h;
+                const SeqInfo seq(params, b);
+                const int n_tiles = m_block * BM >= seq.sq ? 0
+                    : FwdBlock<T>::template make<Is_causal>(params, seq, b, h, m_block, BM, BN).n_block_max;
+                if (n_tiles <= 0) {
+                    mbar_arrive_if(q_full + 8 * qb, true);  // nothing to load: the consumers skip or write empty rows
+                } else {
+                    const int batch = varlen ? 0 : b, h_k = h / params.h_h_k_ratio;
+                    const int q_row = (varlen ? seq.q_start : 0) + m_block * BM, k_row = varlen ? seq.k_start : 0;
+                    mbar_arrive_expect_tx(q_full + 8 * qb, kTile);
 #pragma unroll
-            for (int c = 0; c < kAtomCols; ++c) tma_load_4d(sQ + c * BM * 128, &maps.q, q_full, c * 64, q_row, h, batch);
-            for (int it = 0; it < n_tiles; ++it) {
-                const int s = it % S;
-                const uint32_t empty_parity = ((it / S) & 1) ^ 1;
-                const int row = k_row + key_block(it) * BN;
-                mbar_wait(k_empty + 8 * s, empty_parity);
-                mbar_arrive_expect_tx(k_full + 8 * s, kTile);
+                    for (int c = 0; c < kAtomCols; ++c)
+                        tma_load_4d(sQ + qb * kTile + c * BM * 128, &maps.q, q_full + 8 * qb, c * 64, q_row, h, batch);
+                    for (int row = k_row + (n_tiles - 1) * BN; row >= k_row; row -= BN) {  // from the causal diagonal down
+                        mbar_wait(k_empty + 8 * s, empty_parity);
+                        mbar_arrive_expect_tx(k_full + 8 * s, kTile);
 #pragma unroll
-                for (int c = 0; c < kAtomCols; ++c)
-                    tma_load_4d(sK + s * kTile + c * BN * 128, &maps.k, k_full + 8 * s, c * 64, row, h_k, batch);
-                mbar_wait(v_empty + 8 * s, empty_parity);
-                mbar_arrive_expect_tx(v_full + 8 * s, kTile);
+                        for (int c = 0; c < kAtomCols; ++c)
+                            tma_load_4d(sK + s * kTile + c * BN * 128, &maps.k, k_full + 8 * s, c * 64, row, h_k, batch);
+                        mbar_wait(v_empty + 8 * s, empty_parity);
+                        mbar_arrive_expect_tx(v_full + 8 * s, kTile);
 #pragma unroll
-                for (int c = 0; c < kAtomCols; ++c)
-                    tma_load_4d(sV + s * kTile + c * BN * 128, &maps.v, v_full + 8 * s, c * 64, row, h_k, batch);
+                        for (int c = 0; c < kAtomCols; ++c)
+                            tma_load_4d(sV + s * kTile + c * BN * 128, &maps.v, v_full + 8 * s, c * 64, row, h_k, batch);
+                        if (++s == S) {
+                            s = 0;
+                            empty_parity ^= 1;
+                        }
+                    }
+                }
+                linear = tiles.counter != nullptr ? int(gridDim.x) + atomicAdd(tiles.counter, 1) : tiles.num_tiles;
             }
         }
         return;
@@ -166,32 +213,16 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // ---- consumers ---------------------------------------------------------------------------------
     regs_claim<kWsConsumerRegs>();
     const int cw = wg - 1;                  // consumer warpgroup: rows 64 cw .. 64 cw + 63
-#ifdef FLASHGPT_FWD_TRACE
-    const bool trace = tile.bh == 0 && m_block == g_fwd_trace_block && warp == 0 && lane == 0;
-    const bool trace_cta = warp == 0 && lane == 0;
-#else
-    constexpr bool trace = false, trace_cta = false;
-#endif
     const int g = lane / 4, t = lane % 4;
     const int row0 = cw * 64 + warp * 16;  // first query row (in the block) of this warp
-    const uint32_t q_base = sQ + cw * 64 * 128;
     const bool release = lane == 0;        // one arrival per consumer warp on the empty barriers
-    FwdRowState<T, D> st;
-    st.init();
-    float acc_s[64];
-    uint32_t p[8][4];  // P_{it-1} as A fragments
-
-    auto softmax = [&](int it) {
-        st.template softmax<Is_causal, Is_even>(acc_s, key_block(it), m_block * BM + row0, seq.sk, fb.causal_off,
-                                                params.scale_softmax_log2, g, t);
-    };
-    auto slot = [&](int it) { return it % S; };
-    auto full_parity = [&](int it) { return uint32_t((it / S) & 1); };
+    const bool leader = warp == 0 && lane == 0;  // issues this warpgroup's TMA stores, frees its Q buffer
 
     // Pingpong (Pingpong = true): the two consumer warpgroups take turns to issue their products --
     // named barrier 2 + cw is "warpgroup cw's turn" -- so one's softmax runs while the other's
-    // products keep the tensor cores busy. Warpgroup 0 starts; the last turn of warpgroup 1 is
-    // consumed by warpgroup 0 after its loop, so both barriers end balanced.
+    // products keep the tensor cores busy. Warpgroup 0 starts; turns carry on from tile to tile (both
+    // take the same number per tile), and the last turn of warpgroup 1 is consumed by warpgroup 0
+    // after the last tile, so both barriers end balanced.
     auto take_turn = [&] {
         if constexpr (Pingpong) named_barrier_sync(2 + cw, 256);
     };
@@ -200,74 +231,137 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     };
     if (Pingpong && cw == 1) named_barrier_arrive(2, 256);
 
-    mbar_wait(q_full, 0);
-    mbar_wait(k_full, 0);
-    FWD_CTA_TRACE(trace_cta && cw == 0, 1);  // CTA: 1 Q and K_0 landed
-    take_turn();
-    wgmma_fence();
-    issue_qk<T, D>(acc_s, q_base, sK);
-    pass_turn();
-    wgmma_wait<0>();
-    mbar_arrive_if(k_empty, release);
-    softmax(0);
-    st.rescale_o_and_pack_p(acc_s, p);
-    for (int it = 1; it < n_tiles; ++it) {  // peeled: the same wgmma groups in flight on every path
-        const int s = slot(it), sp = slot(it - 1);
-        FWD_TRACE(trace, cw, it, 0);  // 0 step start
-        mbar_wait(k_full + 8 * s, full_parity(it));
-        mbar_wait(v_full + 8 * sp, full_parity(it - 1));
-        FWD_TRACE(trace, cw, it, 1);  // 1 K_it, V_it-1 in
-        take_turn();
-        FWD_TRACE(trace, cw, it, 2);  // 2 turn taken
-        wgmma_fence();
-        issue_qk<T, D>(acc_s, q_base, sK + s * kTile);
-        issue_pv<T, D>(st.acc_o, p, sV + sp * kTile);
-        pass_turn();
-        FWD_TRACE(trace, cw, it, 3);  // 3 QK, PV issued
-        wgmma_wait<1>();  // S_it has landed: K slot s is free; PV_{it-1} still runs during the softmax
-        FWD_TRACE(trace, cw, it, 4);  // 4 S landed
-        mbar_arrive_if(k_empty + 8 * s, release);
-        softmax(it);
-        FWD_TRACE(trace, cw, it, 5);  // 5 softmax done
-        wgmma_wait<0>();
-        FWD_TRACE(trace, cw, it, 6);  // 6 PV landed
-        mbar_arrive_if(v_empty + 8 * sp, release);
-        st.rescale_o_and_pack_p(acc_s, p);
-        FWD_TRACE(trace, cw, it, 7);  // 7 O rescaled, P packed
-    }
-    const int sl = slot(n_tiles - 1);
-    mbar_wait(v_full + 8 * sl, full_parity(n_tiles - 1));
-    take_turn();
-    wgmma_fence();
-    issue_pv<T, D>(st.acc_o, p, sV + sl * kTile);
-    pass_turn();
-    wgmma_wait<0>();
-    if (Pingpong && cw == 0) named_barrier_sync(2, 256);
-    FWD_CTA_TRACE(trace_cta, 2 + 2 * cw);  // CTA: 2 / 4 warpgroup 1 / 2's loop done (last PV landed)
-    if (maps.o_ok && fb.rows_left >= 64 * cw + 64) {
-        // Epilogue through shared memory: this warpgroup's 64 rows of O go into its own rows of the Q
-        // tile (only it read them, and its last QK^T has completed), then two (head dim 64: one) TMA
-        // stores of 64 x 64 -- 16-byte bursts instead of 64 scattered 4-byte stores per thread. Rows
-        // past a packed sequence's end belong to the next sequence: a warpgroup with any such row
-        // stores directly instead.
-        st.stage_o(smem + cw * 64 * 128, BM * 128, fb.lse, params.scale_softmax, row0, warp * 16, fb.rows_left, g, t);
-        fence_async_smem();                // generic-proxy writes -> visible to the TMA
-        named_barrier_sync(4 + cw, 128);  // the warpgroup's 64 rows are in
-        if (warp == 0 && lane == 0) {
-            const bool varlen = params.cu_seqlens_q != nullptr;
-            const int q_row = (varlen ? seq.q_start : 0) + m_block * BM + cw * 64;
-#pragma unroll
-            for (int c = 0; c < kAtomCols; ++c)
-                tma_store_4d(&maps.o, sQ + c * BM * 128 + cw * 64 * 128, c * 64, q_row, h, varlen ? 0 : b);
-            bulk_commit();
-            bulk_wait_read<0>();  // shared memory stays valid until the TMA has read it
+    // Q buffer whose O rows this warpgroup staged for a TMA store not yet known to be read (-1: none).
+    // Freed lazily -- after the next tile's first products are issued -- so the wait for the TMA's
+    // reads never holds up the warpgroup.
+    int staged_qb = -1;
+    auto free_staged_q = [&] {
+        if (staged_qb >= 0) {
+            if (leader) {
+                bulk_wait_read<0>();
+                mbar_arrive_if(q_empty + 8 * staged_qb, true);
+            }
+            staged_qb = -1;
         }
-    } else {
-        st.store(fb.o, params.o_row_stride, fb.lse, params.scale_softmax, row0, fb.rows_left, g, t);
-    }
-    FWD_CTA_TRACE(trace_cta, 3 + 2 * cw);  // CTA: 3 / 5 warpgroup 1 / 2 stored O
+    };
+    int kv = 0;  // K/V tiles consumed so far, as in the producer
+    for (int n = 0;; ++n) {
+        const int qb = n % kWsQBufs;
+        mbar_wait(q_full + 8 * qb, (n / kWsQBufs) & 1);
+        const int linear = tile_ids[qb];
+        if (linear < 0) break;
+        const GridTile tile = fwd_tile_at(tiles, linear);
+        const int m_block = tile.num_blocks - 1 - tile.block;
+        const int b = tile.bh / params.h, h = tile.bh % params.h;
+        const SeqInfo seq(params, b);
+        if (m_block * BM >= seq.sq) {  // varlen: this sequence is shorter than the grid
+            free_staged_q();
+            staged_qb = qb;  // nothing staged: frees at once next time
+            free_staged_q();
+            continue;
+        }
+        const FwdBlock<T> fb = FwdBlock<T>::template make<Is_causal>(params, seq, b, h, m_block, BM, BN);
+        const int n_tiles = fb.n_block_max;
+        if (n_tiles <= 0) {
+            fb.write_empty(params, BM, D, tid - 128, kWsThreads - 128);
+            free_staged_q();
+            staged_qb = qb;
+            free_staged_q();
+            continue;
+        }
 #ifdef FLASHGPT_FWD_TRACE
-    if (trace_cta && cw == 1 && fwd_cta_index() < 65536) g_fwd_cta_ns[fwd_cta_index()][1] = fwd_ns();
+        const bool trace = tile.bh == 0 && m_block == g_fwd_trace_block && warp == 0 && lane == 0;
+        const bool trace_cta = warp == 0 && lane == 0;
+#else
+        constexpr bool trace = false, trace_cta = false;
+#endif
+        auto key_block = [&](int it) { return n_tiles - 1 - it; };  // from the causal diagonal down
+        const uint32_t q_base = sQ + qb * kTile + cw * 64 * 128;
+        FwdRowState<T, D> st;
+        st.init();
+        float acc_s[64];
+        uint32_t p[8][4];  // P_{it-1} as A fragments
+
+        auto softmax = [&](int it) {
+            st.template softmax<Is_causal, Is_even>(acc_s, key_block(it), m_block * BM + row0, seq.sk, fb.causal_off,
+                                                    params.scale_softmax_log2, g, t);
+        };
+        auto slot = [&](int it) { return (kv + it) % S; };
+        auto full_parity = [&](int it) { return uint32_t(((kv + it) / S) & 1); };
+
+        mbar_wait(k_full + 8 * slot(0), full_parity(0));
+        FWD_CTA_TRACE(trace_cta && cw == 0 && n == 0, 1);  // CTA: 1 Q and K_0 landed
+        take_turn();
+        wgmma_fence();
+        issue_qk<T, D>(acc_s, q_base, sK + slot(0) * kTile);
+        pass_turn();
+        free_staged_q();  // the previous tile's O store has long been read; its Q buffer can refill
+        wgmma_wait<0>();
+        mbar_arrive_if(k_empty + 8 * slot(0), release);
+        softmax(0);
+        st.rescale_o_and_pack_p(acc_s, p);
+        for (int it = 1; it < n_tiles; ++it) {  // peeled: the same wgmma groups in flight on every path
+            const int s = slot(it), sp = slot(it - 1);
+            FWD_TRACE(trace, cw, it, 0);  // 0 step start
+            mbar_wait(k_full + 8 * s, full_parity(it));
+            mbar_wait(v_full + 8 * sp, full_parity(it - 1));
+            FWD_TRACE(trace, cw, it, 1);  // 1 K_it, V_it-1 in
+            take_turn();
+            FWD_TRACE(trace, cw, it, 2);  // 2 turn taken
+            wgmma_fence();
+            issue_qk<T, D>(acc_s, q_base, sK + s * kTile);
+            issue_pv<T, D>(st.acc_o, p, sV + sp * kTile);
+            pass_turn();
+            FWD_TRACE(trace, cw, it, 3);  // 3 QK, PV issued
+            wgmma_wait<1>();  // S_it has landed: K slot s is free; PV_{it-1} still runs during the softmax
+            FWD_TRACE(trace, cw, it, 4);  // 4 S landed
+            mbar_arrive_if(k_empty + 8 * s, release);
+            softmax(it);
+            FWD_TRACE(trace, cw, it, 5);  // 5 softmax done
+            wgmma_wait<0>();
+            FWD_TRACE(trace, cw, it, 6);  // 6 PV landed
+            mbar_arrive_if(v_empty + 8 * sp, release);
+            st.rescale_o_and_pack_p(acc_s, p);
+            FWD_TRACE(trace, cw, it, 7);  // 7 O rescaled, P packed
+        }
+        const int sl = slot(n_tiles - 1);
+        mbar_wait(v_full + 8 * sl, full_parity(n_tiles - 1));
+        take_turn();
+        wgmma_fence();
+        issue_pv<T, D>(st.acc_o, p, sV + sl * kTile);
+        pass_turn();
+        wgmma_wait<0>();
+        mbar_arrive_if(v_empty + 8 * sl, release);
+        kv += n_tiles;
+        FWD_CTA_TRACE(trace_cta, 2 + 2 * cw);  // CTA: 2 / 4 warpgroup 1 / 2's loop done (last PV landed)
+        if (maps.o_ok && fb.rows_left >= 64 * cw + 64) {
+            // Epilogue through shared memory: this warpgroup's 64 rows of O go into its own rows of the
+            // tile's Q buffer (only it read them, and its last QK^T has completed), then two (head dim
+            // 64: one) TMA stores of 64 x 64 -- 16-byte bursts instead of 64 scattered 4-byte stores
+            // per thread. Rows past a packed sequence's end belong to the next sequence: a warpgroup
+            // with any such row stores directly instead.
+            st.stage_o(smem + qb * kTile + cw * 64 * 128, BM * 128, fb.lse, params.scale_softmax, row0, warp * 16,
+                       fb.rows_left, g, t);
+            fence_async_smem();                // generic-proxy writes -> visible to the TMA
+            named_barrier_sync(4 + cw, 128);  // the warpgroup's 64 rows are in
+            if (leader) {
+                const int q_row = (varlen ? seq.q_start : 0) + m_block * BM + cw * 64;
+#pragma unroll
+                for (int c = 0; c < kAtomCols; ++c)
+                    tma_store_4d(&maps.o, sQ + qb * kTile + c * BM * 128 + cw * 64 * 128, c * 64, q_row, h,
+                                 varlen ? 0 : b);
+                bulk_commit();
+            }
+        } else {
+            st.store(fb.o, params.o_row_stride, fb.lse, params.scale_softmax, row0, fb.rows_left, g, t);
+        }
+        staged_qb = qb;
+        FWD_CTA_TRACE(trace_cta, 3 + 2 * cw);  // CTA: 3 / 5 warpgroup 1 / 2 stored O
+    }
+    free_staged_q();  // the last O store has read shared memory before the CTA exits
+    if (Pingpong && cw == 0) named_barrier_sync(2, 256);
+#ifdef FLASHGPT_FWD_TRACE
+    if (warp == 0 && lane == 0 && cw == 1 && fwd_cta_index() < 65536) g_fwd_cta_ns[fwd_cta_index()][1] = fwd_ns();
 #endif
 #else
     __trap();
@@ -296,13 +390,20 @@ bool run_flash_fwd_sm90_ws(Flash_fwd_params &params, cudaStream_t stream) {
     maps.o_ok = tma_store_epilogue() &&
                 make_tile_map(&maps.o, params.o_ptr, bf16, D, q_rows, params.h, batch, params.o_row_stride,
                               params.o_head_stride, params.o_batch_stride, 64);
-    const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM), /*default_group=*/2);
+    const dim3 order = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM), /*default_group=*/2);
+    FwdTiles tiles{int(order.x), int(order.y), int(order.x * order.y * order.z), nullptr};
+    int ctas = tiles.num_tiles;
+    if (params.tile_counter != nullptr && persistent_forward()) {  // one CTA per SM walks the list
+        ctas = std::min(ctas, sm_count());
+        tiles.counter = params.tile_counter;
+        FLASH_CHECK_CUDA(cudaMemsetAsync(tiles.counter, 0, sizeof(int), stream));
+    }
     const bool is_even = !varlen && params.seqlen_q % kWsBM == 0 && params.seqlen_k % kWsBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
         BOOL_SWITCH(pingpong_forward(), Pingpong, [&] {
             auto kernel = &flash_fwd_sm90_ws_kernel<T, D, Is_causal, Is_even, Pingpong>;
             FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes<D>));
-            kernel<<<grid, kWsThreads, kWsSmemBytes<D>, stream>>>(params, maps);
+            kernel<<<ctas, kWsThreads, kWsSmemBytes<D>, stream>>>(params, maps, tiles);
             FLASH_KERNEL_LAUNCH_CHECK();
         });
     });
