@@ -8,7 +8,7 @@
 //   nvcc -std=c++17 -O3 --use_fast_math --expt-relaxed-constexpr -DFLASHGPT_HAS_SM90A \
 //     -gencode arch=compute_90a,code=sm_90a [-DFLASHGPT_FWD_TRACE] -o /tmp/fwd_trace bench/fwd_trace.cu
 //   /tmp/fwd_trace [causal=1] [seqlen=8192] [batch=2] [heads=16] [traced query block=seqlen/128-1]
-//                  [persistent=0]
+//                  [persistent=0] [head dim=128 (or 64)]
 // persistent=1 launches the kernel as the extension does (one CTA per SM on a tile counter); the
 // per-CTA timeline (1) then describes whole persistent CTAs and is not printed -- time it only.
 #include <algorithm>
@@ -27,8 +27,9 @@ using T = __nv_bfloat16;
 int main(int argc, char **argv) {
     const bool causal = argc > 1 ? atoi(argv[1]) != 0 : true;
     const int s = argc > 2 ? atoi(argv[2]) : 8192, b = argc > 3 ? atoi(argv[3]) : 2, h = argc > 4 ? atoi(argv[4]) : 16;
-    const int traced = argc > 5 ? atoi(argv[5]) : s / 128 - 1, d = 128;
+    const int traced = argc > 5 ? atoi(argv[5]) : s / 128 - 1;
     const bool persistent = argc > 6 && atoi(argv[6]) != 0;
+    const int d = argc > 7 && atoi(argv[7]) == 64 ? 64 : 128;
     const int64_t n = int64_t(b) * s * h * d, nrow = int64_t(b) * h * s;
     T *q, *k, *v, *o;
     float *lse;
@@ -45,7 +46,8 @@ int main(int argc, char **argv) {
 #endif
 
     auto run = [&] {
-        bool ok = causal ? run_flash_fwd_sm90_ws<T, 128, true>(p, 0) : run_flash_fwd_sm90_ws<T, 128, false>(p, 0);
+        bool ok = d == 64 ? (causal ? run_flash_fwd_sm90_ws<T, 64, true>(p, 0) : run_flash_fwd_sm90_ws<T, 64, false>(p, 0))
+                          : (causal ? run_flash_fwd_sm90_ws<T, 128, true>(p, 0) : run_flash_fwd_sm90_ws<T, 128, false>(p, 0));
         if (!ok) { printf("the TMA forward declined\n"); exit(1); }
     };
     const float med = median_ms(run);
