@@ -10,7 +10,8 @@
 //   /tmp/fwd_trace [causal=1] [seqlen=8192] [batch=2] [heads=16] [traced query block=seqlen/128-1]
 //                  [persistent=0] [head dim=128 (or 64)]
 // persistent=1 launches the kernel as the extension does (one CTA per SM on a tile counter); the
-// per-CTA timeline (1) then describes whole persistent CTAs and is not printed -- time it only.
+// per-CTA timeline (1) then describes whole persistent CTAs and is not printed -- time it only. Head
+// dim 64 (192-row query blocks, three consumer warpgroups) is timed only as well.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -67,10 +68,10 @@ int main(int argc, char **argv) {
         printf("O checksum: weighted sum %.6e\n", sum);
     }
 #ifdef FLASHGPT_FWD_TRACE
-    if (persistent) return 0;
+    if (persistent || d != 128) return 0;  // the timeline below assumes 128-row query blocks
     // (1) the grid: the last run's per-CTA records.
     const int nblk = (s + 127) / 128, ncta = std::min(65536, nblk * b * h);
-    static long long clk[65536][6];
+    static long long clk[65536][8];
     static unsigned long long ns[65536][2];
     static int sm[65536];
     CK(cudaMemcpyFromSymbol(clk, flash::sm90::g_fwd_cta_clk, sizeof(clk)));

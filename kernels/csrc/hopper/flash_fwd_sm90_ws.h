@@ -2,15 +2,16 @@
 // loads moved to a producer warpgroup that drives the TMA, so the two consumer warpgroups never wait
 // for each other at a block-wide barrier -- each proceeds as soon as its tiles have landed.
 //
-// Block: 3 warpgroups (384 threads). Warpgroup 0, the producer, gives its registers away
-// (setmaxnreg 24) and one of its threads issues every TMA load: Q once, then K_it and V_it for each
-// key tile into a ring of kStages buffers each. Warpgroups 1 and 2, the consumers (setmaxnreg 240),
-// own query rows 0..63 and 64..127 of the 128-row block and run the same per-tile steps as the
-// cp.async kernel (fwd_consumer.h): S_it = Q K_it^T and O += P_{it-1} V_{it-1} issued together, the
-// softmax of S_it overlapping the PV product.
+// Block: 1 + NC warpgroups (NC = 2 consumers at head dim 128: 384 threads; 3 at head dim 64: 512,
+// v16). Warpgroup 0, the producer, gives its registers away (setmaxnreg 24) and one of its threads
+// issues every TMA load: Q once per tile, then K_it and V_it for each key tile into a ring of kStages
+// buffers each. Warpgroups 1..NC, the consumers (setmaxnreg 240 / 160), own query rows 64 (w - 1) ..
+// 64 w - 1 of the 64 NC-row block and run the same per-tile steps as the cp.async kernel
+// (fwd_consumer.h): S_it = Q K_it^T and O += P_{it-1} V_{it-1} issued together, the softmax of S_it
+// overlapping the PV product; with pingpong they take turns to issue, round robin.
 // Synchronisation, all on mbarriers (tma.h), per ring slot s:
 //   k_full[s], v_full[s]: 1 arrival (the producer's expect-tx) + the tile's bytes from the TMA;
-//   k_empty[s], v_empty[s]: 8 arrivals, lane 0 of each consumer warp once its wgmma reading the slot
+//   k_empty[s], v_empty[s]: 4 NC arrivals, lane 0 of each consumer warp once its wgmma reading the slot
 //   has completed. Tile it uses slot it % kStages in round it / kStages; a waiter on round r waits
 //   for parity r & 1 (full) or (r & 1) ^ 1 (empty: round 0 passes at once on a fresh barrier).
 // Persistent (v15, session 10): one CTA per SM walks the work list (FwdTiles: the tiles in the launch
@@ -19,8 +20,8 @@
 // the current tile, and each consumer warpgroup stages its O rows in the current Q buffer for the
 // TMA store, freeing the buffer (q_empty) once the store has read it. No CTA start-up, barrier setup
 // or epilogue stands between two tiles of an SM. FLASHGPT_SM90_PERSISTENT=0: one CTA per tile.
-// Shared memory (128B-swizzled, wgmma.h): 2 x Q 128 x D, kStages x (K, V) 128 x D, the barriers, the
-// two tile ids.
+// Shared memory (128B-swizzled, wgmma.h): 2 x Q 64 NC x D, kStages x (K, V) 128 x D, the barriers,
+// the two tile ids.
 #pragma once
 #include <algorithm>
 #include <type_traits>
@@ -39,12 +40,12 @@ namespace sm90 {
 #ifdef FLASHGPT_FWD_TRACE
 // Diagnostic timeline (bench/fwd_trace.cu builds with -DFLASHGPT_FWD_TRACE; the extension never does).
 // Per CTA (linear launch index, up to 64K): SM id and SM clocks at entry, Q and K_0 landed, each
-// consumer warpgroup's loop end and exit ([cta][0..5]), and the global timer (ns) at entry / exit.
+// consumer warpgroup's loop end and exit ([cta][2 + 2 cw], [cta][3 + 2 cw]), and the global timer (ns) at entry / exit.
 // Per step of one CTA (head 0 of batch 0, query block g_fwd_trace_block), per consumer warpgroup:
 // the SM clock at the points named at each FWD_TRACE below.
 __device__ int g_fwd_trace_block;
-__device__ uint32_t g_fwd_trace[2][1024][8];
-__device__ long long g_fwd_cta_clk[65536][6];
+__device__ uint32_t g_fwd_trace[3][1024][8];
+__device__ long long g_fwd_cta_clk[65536][8];
 __device__ unsigned long long g_fwd_cta_ns[65536][2];
 __device__ int g_fwd_cta_sm[65536];
 __device__ __forceinline__ int fwd_cta_index() { return int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)); }
@@ -98,24 +99,35 @@ __device__ __forceinline__ GridTile fwd_tile_at(const FwdTiles &tiles, int linea
     return GridTile{z * tiles.group + x, y, tiles.num_blocks};
 }
 
-constexpr int kWsThreads = 384, kWsBM = 128, kWsBN = 128;
-constexpr int kWsProducerRegs = 24, kWsConsumerRegs = 240;  // 128 x 24 + 256 x 240 = 384 x 168, the CTA pool at launch
+// Consumer warpgroups, each owning 64 query rows of the block: two at head dim 128; three at head dim
+// 64 (v16), where a key tile's products take half as long as at 128 for the same softmax work, so two
+// warpgroups' products are needed to cover one warpgroup's softmax (FlashAttention-3's choice).
+template <int D> constexpr int kWsConsumers = D == 64 ? 3 : 2;
+template <int D> constexpr int kWsThreads = 128 * (1 + kWsConsumers<D>);
+template <int D> constexpr int kWsBM = 64 * kWsConsumers<D>;  // query rows per tile
+constexpr int kWsBN = 128;                                      // keys per K/V tile
+// setmaxnreg moves registers within the CTA's pool as allocated at launch (threads x the launch bound's
+// per-thread count), not the SM's 64K: 128 x 24 + 256 x 240 = 384 x 168; 128 x 24 + 384 x 160 <= 512 x 128.
+constexpr int kWsProducerRegs = 24;
+template <int D> constexpr int kWsConsumerRegs = D == 64 ? 160 : 240;
 constexpr int kWsQBufs = 2;                                  // Q of the next tile loads during this one
 template <int D> constexpr int kWsStages = D == 64 ? 4 : 2;    // 2 x 64 KB of K/V at D = 128
-template <int D> constexpr int kWsTileBytes = 128 * D * 2;
-template <int D> constexpr int kWsBarrierOffset = (kWsQBufs + 2 * kWsStages<D>) * kWsTileBytes<D>;
+template <int D> constexpr int kWsTileBytes = 128 * D * 2;     // a K or V tile
+template <int D> constexpr int kWsQTileBytes = kWsBM<D> * D * 2;
+template <int D> constexpr int kWsBarrierOffset = kWsQBufs * kWsQTileBytes<D> + 2 * kWsStages<D> * kWsTileBytes<D>;
 // barriers: q_full[2], q_empty[2], k_full[S], v_full[S], k_empty[S], v_empty[S]; then tile ids[2]
 template <int D> constexpr int kWsSmemBytes = kWsBarrierOffset<D> + (2 * kWsQBufs + 4 * kWsStages<D>) * 8 + 8;
 
 template <typename T, int D, bool Is_causal, bool Is_even, bool Pingpong>
-__global__ void __launch_bounds__(kWsThreads, 1)
+__global__ void __launch_bounds__(kWsThreads<D>, 1)
     flash_fwd_sm90_ws_kernel(const __grid_constant__ Flash_fwd_params params, const __grid_constant__ FwdTmaMaps maps,
                              const FwdTiles tiles) {
 #ifdef FLASHGPT_WGMMA_ENABLED
-    constexpr int BM = kWsBM, BN = kWsBN, S = kWsStages<D>, kTile = kWsTileBytes<D>;
+    constexpr int NC = kWsConsumers<D>, BM = kWsBM<D>, BN = kWsBN, S = kWsStages<D>;
+    constexpr int kTile = kWsTileBytes<D>, kQTile = kWsQTileBytes<D>;
     constexpr int kAtomCols = D / 64;  // TMA boxes per tile (64 columns each)
     extern __shared__ __align__(1024) uint8_t smem[];
-    const uint32_t sQ = smem_u32(smem), sK = sQ + kWsQBufs * kTile, sV = sK + S * kTile;
+    const uint32_t sQ = smem_u32(smem), sK = sQ + kWsQBufs * kQTile, sV = sK + S * kTile;
     const uint32_t bar = sQ + kWsBarrierOffset<D>;
     const uint32_t q_full = bar, q_empty = bar + 8 * kWsQBufs, k_full = q_empty + 8 * kWsQBufs,
                    v_full = k_full + 8 * S, k_empty = v_full + 8 * S, v_empty = k_empty + 8 * S;
@@ -139,13 +151,13 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     if (tid == 0) {
         for (int i = 0; i < kWsQBufs; ++i) {
             mbar_init(q_full + 8 * i, 1);
-            mbar_init(q_empty + 8 * i, 2);  // one arrival per consumer warpgroup
+            mbar_init(q_empty + 8 * i, NC);  // one arrival per consumer warpgroup
         }
         for (int s = 0; s < S; ++s) {
             mbar_init(k_full + 8 * s, 1);
             mbar_init(v_full + 8 * s, 1);
-            mbar_init(k_empty + 8 * s, 8);
-            mbar_init(v_empty + 8 * s, 8);
+            mbar_init(k_empty + 8 * s, 4 * NC);  // one arrival per consumer warp
+            mbar_init(v_empty + 8 * s, 4 * NC);
         }
         mbar_init_fence();
     }
@@ -183,10 +195,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
                 } else {
                     const int batch = varlen ? 0 : b, h_k = h / params.h_h_k_ratio;
                     const int q_row = (varlen ? seq.q_start : 0) + m_block * BM, k_row = varlen ? seq.k_start : 0;
-                    mbar_arrive_expect_tx(q_full + 8 * qb, kTile);
+                    mbar_arrive_expect_tx(q_full + 8 * qb, kQTile);
 #pragma unroll
                     for (int c = 0; c < kAtomCols; ++c)
-                        tma_load_4d(sQ + qb * kTile + c * BM * 128, &maps.q, q_full + 8 * qb, c * 64, q_row, h, batch);
+                        tma_load_4d(sQ + qb * kQTile + c * BM * 128, &maps.q, q_full + 8 * qb, c * 64, q_row, h, batch);
                     for (int row = k_row + (n_tiles - 1) * BN; row >= k_row; row -= BN) {  // from the causal diagonal down
                         mbar_wait(k_empty + 8 * s, empty_parity);
                         mbar_arrive_expect_tx(k_full + 8 * s, kTile);
@@ -211,25 +223,26 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     }
 
     // ---- consumers ---------------------------------------------------------------------------------
-    regs_claim<kWsConsumerRegs>();
+    regs_claim<kWsConsumerRegs<D>>();
     const int cw = wg - 1;                  // consumer warpgroup: rows 64 cw .. 64 cw + 63
     const int g = lane / 4, t = lane % 4;
     const int row0 = cw * 64 + warp * 16;  // first query row (in the block) of this warp
     const bool release = lane == 0;        // one arrival per consumer warp on the empty barriers
     const bool leader = warp == 0 && lane == 0;  // issues this warpgroup's TMA stores, frees its Q buffer
 
-    // Pingpong (Pingpong = true): the two consumer warpgroups take turns to issue their products --
-    // named barrier 2 + cw is "warpgroup cw's turn" -- so one's softmax runs while the other's
-    // products keep the tensor cores busy. Warpgroup 0 starts; turns carry on from tile to tile (both
-    // take the same number per tile), and the last turn of warpgroup 1 is consumed by warpgroup 0
-    // after the last tile, so both barriers end balanced.
+    // Pingpong (Pingpong = true): the consumer warpgroups take turns, round robin, to issue their
+    // products -- named barrier 2 + cw is "warpgroup cw's turn", passed on by the previous warpgroup's
+    // arrival -- so one's softmax runs while the others' products keep the tensor cores busy.
+    // Warpgroup 0 starts; turns carry on from tile to tile (all take the same number per tile), and
+    // the last turn passed by warpgroup NC - 1 is consumed by warpgroup 0 after the last tile, so the
+    // barriers end balanced.
     auto take_turn = [&] {
         if constexpr (Pingpong) named_barrier_sync(2 + cw, 256);
     };
     auto pass_turn = [&] {
-        if constexpr (Pingpong) named_barrier_arrive(2 + (1 - cw), 256);
+        if constexpr (Pingpong) named_barrier_arrive(2 + (cw + 1) % NC, 256);
     };
-    if (Pingpong && cw == 1) named_barrier_arrive(2, 256);
+    if (Pingpong && cw == NC - 1) named_barrier_arrive(2, 256);
 
     // Q buffer whose O rows this warpgroup staged for a TMA store not yet known to be read (-1: none).
     // Freed lazily -- after the next tile's first products are issued -- so the wait for the TMA's
@@ -263,7 +276,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         const FwdBlock<T> fb = FwdBlock<T>::template make<Is_causal>(params, seq, b, h, m_block, BM, BN);
         const int n_tiles = fb.n_block_max;
         if (n_tiles <= 0) {
-            fb.write_empty(params, BM, D, tid - 128, kWsThreads - 128);
+            fb.write_empty(params, BM, D, tid - 128, 128 * NC);
             free_staged_q();
             staged_qb = qb;
             free_staged_q();
@@ -276,7 +289,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         constexpr bool trace = false, trace_cta = false;
 #endif
         auto key_block = [&](int it) { return n_tiles - 1 - it; };  // from the causal diagonal down
-        const uint32_t q_base = sQ + qb * kTile + cw * 64 * 128;
+        const uint32_t q_base = sQ + qb * kQTile + cw * 64 * 128;
         FwdRowState<T, D> st;
         st.init();
         float acc_s[64];
@@ -340,15 +353,15 @@ __global__ void __launch_bounds__(kWsThreads, 1)
             // 64: one) TMA stores of 64 x 64 -- 16-byte bursts instead of 64 scattered 4-byte stores
             // per thread. Rows past a packed sequence's end belong to the next sequence: a warpgroup
             // with any such row stores directly instead.
-            st.stage_o(smem + qb * kTile + cw * 64 * 128, BM * 128, fb.lse, params.scale_softmax, row0, warp * 16,
+            st.stage_o(smem + qb * kQTile + cw * 64 * 128, BM * 128, fb.lse, params.scale_softmax, row0, warp * 16,
                        fb.rows_left, g, t);
             fence_async_smem();                // generic-proxy writes -> visible to the TMA
-            named_barrier_sync(4 + cw, 128);  // the warpgroup's 64 rows are in
+            named_barrier_sync(2 + NC + cw, 128);  // the warpgroup's 64 rows are in (barriers after the turns')
             if (leader) {
                 const int q_row = (varlen ? seq.q_start : 0) + m_block * BM + cw * 64;
 #pragma unroll
                 for (int c = 0; c < kAtomCols; ++c)
-                    tma_store_4d(&maps.o, sQ + qb * kTile + c * BM * 128 + cw * 64 * 128, c * 64, q_row, h,
+                    tma_store_4d(&maps.o, sQ + qb * kQTile + c * BM * 128 + cw * 64 * 128, c * 64, q_row, h,
                                  varlen ? 0 : b);
                 bulk_commit();
             }
@@ -361,7 +374,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     free_staged_q();  // the last O store has read shared memory before the CTA exits
     if (Pingpong && cw == 0) named_barrier_sync(2, 256);
 #ifdef FLASHGPT_FWD_TRACE
-    if (warp == 0 && lane == 0 && cw == 1 && fwd_cta_index() < 65536) g_fwd_cta_ns[fwd_cta_index()][1] = fwd_ns();
+    if (warp == 0 && lane == 0 && cw == NC - 1 && fwd_cta_index() < 65536) g_fwd_cta_ns[fwd_cta_index()][1] = fwd_ns();
 #endif
 #else
     __trap();
@@ -381,7 +394,7 @@ bool run_flash_fwd_sm90_ws(Flash_fwd_params &params, cudaStream_t stream) {
     const int64_t q_rows = varlen ? params.total_q : params.seqlen_q, k_rows = varlen ? params.total_k : params.seqlen_k;
     FwdTmaMaps maps;
     if (!make_tile_map(&maps.q, params.q_ptr, bf16, D, q_rows, params.h, batch, params.q_row_stride,
-                       params.q_head_stride, params.q_batch_stride, kWsBM) ||
+                       params.q_head_stride, params.q_batch_stride, kWsBM<D>) ||
         !make_tile_map(&maps.k, params.k_ptr, bf16, D, k_rows, params.h_k, batch, params.k_row_stride,
                        params.k_head_stride, params.k_batch_stride, kWsBN) ||
         !make_tile_map(&maps.v, params.v_ptr, bf16, D, k_rows, params.h_k, batch, params.v_row_stride,
@@ -390,7 +403,7 @@ bool run_flash_fwd_sm90_ws(Flash_fwd_params &params, cudaStream_t stream) {
     maps.o_ok = tma_store_epilogue() &&
                 make_tile_map(&maps.o, params.o_ptr, bf16, D, q_rows, params.h, batch, params.o_row_stride,
                               params.o_head_stride, params.o_batch_stride, 64);
-    const dim3 order = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM), /*default_group=*/2);
+    const dim3 order = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM<D>), /*default_group=*/2);
     FwdTiles tiles{int(order.x), int(order.y), int(order.x * order.y * order.z), nullptr};
     int ctas = tiles.num_tiles;
     if (params.tile_counter != nullptr && persistent_forward()) {  // one CTA per SM walks the list
@@ -398,12 +411,14 @@ bool run_flash_fwd_sm90_ws(Flash_fwd_params &params, cudaStream_t stream) {
         tiles.counter = params.tile_counter;
         FLASH_CHECK_CUDA(cudaMemsetAsync(tiles.counter, 0, sizeof(int), stream));
     }
-    const bool is_even = !varlen && params.seqlen_q % kWsBM == 0 && params.seqlen_k % kWsBN == 0;
+    // Is_even: no key tile runs past the keys (only the softmax's key mask reads it; rows past seqlen_q
+    // are zero-filled by the TMA and never stored, so seqlen_q need not be a multiple of BM).
+    const bool is_even = !varlen && params.seqlen_k % kWsBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
         BOOL_SWITCH(pingpong_forward(), Pingpong, [&] {
             auto kernel = &flash_fwd_sm90_ws_kernel<T, D, Is_causal, Is_even, Pingpong>;
             FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes<D>));
-            kernel<<<ctas, kWsThreads, kWsSmemBytes<D>, stream>>>(params, maps, tiles);
+            kernel<<<ctas, kWsThreads<D>, kWsSmemBytes<D>, stream>>>(params, maps, tiles);
             FLASH_KERNEL_LAUNCH_CHECK();
         });
     });
