@@ -13,7 +13,8 @@ Error column: max |ours - fp32 reference| of the forward output on batch 0, head
     python -m kernels.bench [--reps 30] [--hdims 64 128] [--seqlens 512 1024 ...] [--json out.json]
                             [--compare-fa2] [--compare-cpasync] [--compare-nopingpong]
                             [--compare-headmajor] [--compare-fa2bwd] [--compare-directstore]
-                            [--compare-nopersist] [--only-ours] [--call-time]
+                            [--compare-nopersist] [--compare-fwd2wg] [--compare-fwd3wg] [--only-ours]
+                            [--call-time]
 """
 from __future__ import annotations
 
@@ -42,7 +43,9 @@ VARIANTS = {"fa2": ("FLASHGPT_SM90", "0"),                 # the FA2 (mma.sync) 
             "group1": ("FLASHGPT_GRID_GROUP", "1"),         # plain block-major launch order (sessions 5-6)
             "fa2bwd": ("FLASHGPT_SM90_BWD", "0"),           # the Hopper forward with the FA2 backward
             "directstore": ("FLASHGPT_SM90_TMA_STORE", "0"),  # TMA kernels storing O / dK / dV from registers (to v13)
-            "nopersist": ("FLASHGPT_SM90_PERSISTENT", "0")}  # TMA forward with one CTA per tile (to v14)
+            "nopersist": ("FLASHGPT_SM90_PERSISTENT", "0"),  # TMA forward with one CTA per tile (to v14)
+            "fwd2wg": ("FLASHGPT_SM90_FWD_WARPGROUPS", "2"),  # head-dim-64 TMA forward with 2 consumer warpgroups (to v15)
+            "fwd3wg": ("FLASHGPT_SM90_FWD_WARPGROUPS", "3")}  # ... with 3 everywhere
 
 
 @contextlib.contextmanager
@@ -182,6 +185,11 @@ def main() -> None:
     ap.add_argument("--compare-nopersist", action="store_true",
                     help="also time the TMA forward with one CTA per tile instead of persistent "
                          "(FLASHGPT_SM90_PERSISTENT=0)")
+    ap.add_argument("--compare-fwd2wg", action="store_true",
+                    help="also time the head-dim-64 TMA forward with two consumer warpgroups "
+                         "(FLASHGPT_SM90_FWD_WARPGROUPS=2)")
+    ap.add_argument("--compare-fwd3wg", action="store_true",
+                    help="also time it with three consumer warpgroups at every size (FLASHGPT_SM90_FWD_WARPGROUPS=3)")
     ap.add_argument("--call-time", action="store_true",
                     help="time synchronised eager calls, host launch time included (the sweeps of sessions 1-8) "
                          "instead of the GPU time of calls the host has already queued")

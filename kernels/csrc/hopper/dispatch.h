@@ -54,6 +54,16 @@ inline bool persistent_forward() {
     return !env_is("FLASHGPT_SM90_PERSISTENT", "0");
 }
 
+// Consumer warpgroups of the head-dim-64 TMA forward: 3 (192-row query blocks, v16) or 2 (128 rows).
+// Default: 3, except causal under 2k queries, where a 192-row block's padding (a third of the last
+// block at 512 and 1k) cost 6-8% against 2 (H100, RESULTS v16; non-causal still gained 8-10% there).
+// FLASHGPT_SM90_FWD_WARPGROUPS=2 or 3 forces one (read on every call; kernels/bench.py --compare-fwd2wg).
+inline int fwd_warpgroups_hd64(bool causal, int seqlen_q) {
+    if (env_is("FLASHGPT_SM90_FWD_WARPGROUPS", "2")) return 2;
+    if (env_is("FLASHGPT_SM90_FWD_WARPGROUPS", "3")) return 3;
+    return causal && seqlen_q < 2048 ? 2 : 3;
+}
+
 // Streaming multiprocessors of the current device (read once per process and device ordinal).
 inline int sm_count() {
     static int cached[64] = {0};

@@ -99,39 +99,41 @@ __device__ __forceinline__ GridTile fwd_tile_at(const FwdTiles &tiles, int linea
     return GridTile{z * tiles.group + x, y, tiles.num_blocks};
 }
 
-// Consumer warpgroups, each owning 64 query rows of the block: two at head dim 128; three at head dim
-// 64 (v16), where a key tile's products take half as long as at 128 for the same softmax work, so two
-// warpgroups' products are needed to cover one warpgroup's softmax (FlashAttention-3's choice).
-template <int D> constexpr int kWsConsumers = D == 64 ? 3 : 2;
-template <int D> constexpr int kWsThreads = 128 * (1 + kWsConsumers<D>);
-template <int D> constexpr int kWsBM = 64 * kWsConsumers<D>;  // query rows per tile
-constexpr int kWsBN = 128;                                      // keys per K/V tile
+// NC consumer warpgroups, each owning 64 query rows of the block: two at head dim 128; at head dim 64
+// three (v16, the default from 2k queries or non-causal: fwd_warpgroups_hd64 in dispatch.h), where a
+// key tile's products take half as long as at 128 for the same softmax work, so two warpgroups'
+// products are needed to cover one warpgroup's softmax (FlashAttention-3's choice).
+template <int NC> constexpr int kWsThreads = 128 * (1 + NC);
+template <int NC> constexpr int kWsBM = 64 * NC;  // query rows per tile
+constexpr int kWsBN = 128;                        // keys per K/V tile
 // setmaxnreg moves registers within the CTA's pool as allocated at launch (threads x the launch bound's
 // per-thread count), not the SM's 64K: 128 x 24 + 256 x 240 = 384 x 168; 128 x 24 + 384 x 160 <= 512 x 128.
 constexpr int kWsProducerRegs = 24;
-template <int D> constexpr int kWsConsumerRegs = D == 64 ? 160 : 240;
+template <int NC> constexpr int kWsConsumerRegs = NC == 3 ? 160 : 240;
 constexpr int kWsQBufs = 2;                                  // Q of the next tile loads during this one
 template <int D> constexpr int kWsStages = D == 64 ? 4 : 2;    // 2 x 64 KB of K/V at D = 128
 template <int D> constexpr int kWsTileBytes = 128 * D * 2;     // a K or V tile
-template <int D> constexpr int kWsQTileBytes = kWsBM<D> * D * 2;
-template <int D> constexpr int kWsBarrierOffset = kWsQBufs * kWsQTileBytes<D> + 2 * kWsStages<D> * kWsTileBytes<D>;
+template <int D, int NC> constexpr int kWsQTileBytes = kWsBM<NC> * D * 2;
+template <int D, int NC>
+constexpr int kWsBarrierOffset = kWsQBufs * kWsQTileBytes<D, NC> + 2 * kWsStages<D> * kWsTileBytes<D>;
 // barriers: q_full[2], q_empty[2], k_full[S], v_full[S], k_empty[S], v_empty[S]; then tile ids[2]
-template <int D> constexpr int kWsSmemBytes = kWsBarrierOffset<D> + (2 * kWsQBufs + 4 * kWsStages<D>) * 8 + 8;
+template <int D, int NC>
+constexpr int kWsSmemBytes = kWsBarrierOffset<D, NC> + (2 * kWsQBufs + 4 * kWsStages<D>) * 8 + 8;
 
-template <typename T, int D, bool Is_causal, bool Is_even, bool Pingpong>
-__global__ void __launch_bounds__(kWsThreads<D>, 1)
+template <typename T, int D, int NC, bool Is_causal, bool Is_even, bool Pingpong>
+__global__ void __launch_bounds__(kWsThreads<NC>, 1)
     flash_fwd_sm90_ws_kernel(const __grid_constant__ Flash_fwd_params params, const __grid_constant__ FwdTmaMaps maps,
                              const FwdTiles tiles) {
 #ifdef FLASHGPT_WGMMA_ENABLED
-    constexpr int NC = kWsConsumers<D>, BM = kWsBM<D>, BN = kWsBN, S = kWsStages<D>;
-    constexpr int kTile = kWsTileBytes<D>, kQTile = kWsQTileBytes<D>;
+    constexpr int BM = kWsBM<NC>, BN = kWsBN, S = kWsStages<D>;
+    constexpr int kTile = kWsTileBytes<D>, kQTile = kWsQTileBytes<D, NC>;
     constexpr int kAtomCols = D / 64;  // TMA boxes per tile (64 columns each)
     extern __shared__ __align__(1024) uint8_t smem[];
     const uint32_t sQ = smem_u32(smem), sK = sQ + kWsQBufs * kQTile, sV = sK + S * kTile;
-    const uint32_t bar = sQ + kWsBarrierOffset<D>;
+    const uint32_t bar = sQ + kWsBarrierOffset<D, NC>;
     const uint32_t q_full = bar, q_empty = bar + 8 * kWsQBufs, k_full = q_empty + 8 * kWsQBufs,
                    v_full = k_full + 8 * S, k_empty = v_full + 8 * S, v_empty = k_empty + 8 * S;
-    volatile int *tile_ids = reinterpret_cast<volatile int *>(smem + kWsBarrierOffset<D> + (2 * kWsQBufs + 4 * S) * 8);
+    volatile int *tile_ids = reinterpret_cast<volatile int *>(smem + kWsBarrierOffset<D, NC> + (2 * kWsQBufs + 4 * S) * 8);
 
 #ifdef FLASHGPT_FWD_TRACE
     if (threadIdx.x == 0 && fwd_cta_index() < 65536) {
@@ -223,7 +225,7 @@ __global__ void __launch_bounds__(kWsThreads<D>, 1)
     }
 
     // ---- consumers ---------------------------------------------------------------------------------
-    regs_claim<kWsConsumerRegs<D>>();
+    regs_claim<kWsConsumerRegs<NC>>();
     const int cw = wg - 1;                  // consumer warpgroup: rows 64 cw .. 64 cw + 63
     const int g = lane / 4, t = lane % 4;
     const int row0 = cw * 64 + warp * 16;  // first query row (in the block) of this warp
@@ -384,17 +386,19 @@ __global__ void __launch_bounds__(kWsThreads<D>, 1)
 }  // namespace sm90
 }  // namespace flash
 
-// Launches the warp-specialised forward; false (nothing launched) when a tensor breaks a TMA rule
-// (tma.h make_tile_map) -- the caller then runs the cp.async kernel.
-template <typename T, int D, bool Is_causal>
-bool run_flash_fwd_sm90_ws(Flash_fwd_params &params, cudaStream_t stream) {
-    using namespace flash::sm90;
+namespace flash {
+namespace sm90 {
+
+// Launches the warp-specialised forward with NC consumer warpgroups; false (nothing launched) when a
+// tensor breaks a TMA rule (tma.h make_tile_map).
+template <typename T, int D, int NC, bool Is_causal>
+bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
     const bool varlen = params.cu_seqlens_q != nullptr, bf16 = std::is_same_v<T, __nv_bfloat16>;
     const int64_t batch = varlen ? 1 : params.b;
     const int64_t q_rows = varlen ? params.total_q : params.seqlen_q, k_rows = varlen ? params.total_k : params.seqlen_k;
     FwdTmaMaps maps;
     if (!make_tile_map(&maps.q, params.q_ptr, bf16, D, q_rows, params.h, batch, params.q_row_stride,
-                       params.q_head_stride, params.q_batch_stride, kWsBM<D>) ||
+                       params.q_head_stride, params.q_batch_stride, kWsBM<NC>) ||
         !make_tile_map(&maps.k, params.k_ptr, bf16, D, k_rows, params.h_k, batch, params.k_row_stride,
                        params.k_head_stride, params.k_batch_stride, kWsBN) ||
         !make_tile_map(&maps.v, params.v_ptr, bf16, D, k_rows, params.h_k, batch, params.v_row_stride,
@@ -403,7 +407,7 @@ bool run_flash_fwd_sm90_ws(Flash_fwd_params &params, cudaStream_t stream) {
     maps.o_ok = tma_store_epilogue() &&
                 make_tile_map(&maps.o, params.o_ptr, bf16, D, q_rows, params.h, batch, params.o_row_stride,
                               params.o_head_stride, params.o_batch_stride, 64);
-    const dim3 order = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM<D>), /*default_group=*/2);
+    const dim3 order = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM<NC>), /*default_group=*/2);
     FwdTiles tiles{int(order.x), int(order.y), int(order.x * order.y * order.z), nullptr};
     int ctas = tiles.num_tiles;
     if (params.tile_counter != nullptr && persistent_forward()) {  // one CTA per SM walks the list
@@ -416,11 +420,27 @@ bool run_flash_fwd_sm90_ws(Flash_fwd_params &params, cudaStream_t stream) {
     const bool is_even = !varlen && params.seqlen_k % kWsBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
         BOOL_SWITCH(pingpong_forward(), Pingpong, [&] {
-            auto kernel = &flash_fwd_sm90_ws_kernel<T, D, Is_causal, Is_even, Pingpong>;
-            FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes<D>));
-            kernel<<<ctas, kWsThreads<D>, kWsSmemBytes<D>, stream>>>(params, maps, tiles);
+            auto kernel = &flash_fwd_sm90_ws_kernel<T, D, NC, Is_causal, Is_even, Pingpong>;
+            FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  kWsSmemBytes<D, NC>));
+            kernel<<<ctas, kWsThreads<NC>, kWsSmemBytes<D, NC>, stream>>>(params, maps, tiles);
             FLASH_KERNEL_LAUNCH_CHECK();
         });
     });
     return true;
+}
+
+}  // namespace sm90
+}  // namespace flash
+
+// Launches the warp-specialised forward; false (nothing launched) when a tensor breaks a TMA rule --
+// the caller then runs the cp.async kernel. Head dim 64 takes two or three consumer warpgroups as
+// dispatch.h's fwd_warpgroups_hd64 says.
+template <typename T, int D, bool Is_causal>
+bool run_flash_fwd_sm90_ws(Flash_fwd_params &params, cudaStream_t stream) {
+    if constexpr (D == 64) {
+        if (flash::sm90::fwd_warpgroups_hd64(Is_causal, params.seqlen_q) == 3)
+            return flash::sm90::launch_fwd_ws<T, D, 3, Is_causal>(params, stream);
+    }
+    return flash::sm90::launch_fwd_ws<T, D, 2, Is_causal>(params, stream);
 }
