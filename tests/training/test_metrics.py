@@ -1,4 +1,6 @@
 """FLOP formula, MFU arithmetic, peak table, deferred scalars and memory stats (CPU, fast)."""
+import time
+
 import pytest
 import torch
 
@@ -113,5 +115,8 @@ def test_deferred_scalars_cuda():
 
 def test_gemm_ceiling_cpu_and_memory():
     assert measure_gemm_ceiling("cpu", n=64, dtype=torch.float32, iters=3, warmup=1) > 0
+    t0 = time.perf_counter()  # sustain_s keeps the device busy that long before timing
+    assert measure_gemm_ceiling("cpu", n=64, dtype=torch.float32, iters=3, warmup=1, sustain_s=0.2) > 0
+    assert time.perf_counter() - t0 >= 0.2
     mem = memory_stats("cpu")
     assert set(mem) == {"mem_max_rss_gb"} and 0 < mem["mem_max_rss_gb"] < 1e4
