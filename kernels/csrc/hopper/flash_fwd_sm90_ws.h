@@ -1,9 +1,9 @@
 // Hopper forward, warp-specialised (issue 8, v2): the wgmma forward of flash_fwd_sm90.h with its
-// loads moved to a producer warpgroup that drives the TMA, so the two consumer warpgroups never wait
+// loads moved to a producer warpgroup that drives the TMA, so the consumer warpgroups never wait
 // for each other at a block-wide barrier -- each proceeds as soon as its tiles have landed.
 //
-// Block: 1 + NC warpgroups (NC = 2 consumers at head dim 128: 384 threads; 3 at head dim 64: 512,
-// v16). Warpgroup 0, the producer, gives its registers away (setmaxnreg 24) and one of its threads
+// Block: 1 + NC warpgroups (NC = 2 consumers at head dim 128: 384 threads; at head dim 64 3, 512
+// threads, v16, except causal under 2k queries). Warpgroup 0, the producer, gives its registers away (setmaxnreg 24) and one of its threads
 // issues every TMA load: Q once per tile, then K_it and V_it for each key tile into a ring of kStages
 // buffers each. Warpgroups 1..NC, the consumers (setmaxnreg 240 / 160), own query rows 64 (w - 1) ..
 // 64 w - 1 of the 64 NC-row block and run the same per-tile steps as the cp.async kernel
@@ -12,8 +12,9 @@
 // Synchronisation, all on mbarriers (tma.h), per ring slot s:
 //   k_full[s], v_full[s]: 1 arrival (the producer's expect-tx) + the tile's bytes from the TMA;
 //   k_empty[s], v_empty[s]: 4 NC arrivals, lane 0 of each consumer warp once its wgmma reading the slot
-//   has completed. Tile it uses slot it % kStages in round it / kStages; a waiter on round r waits
-//   for parity r & 1 (full) or (r & 1) ^ 1 (empty: round 0 passes at once on a fresh barrier).
+//   has completed. The ring runs on from tile to tile: the CTA's k-th K/V tile uses slot k % kStages
+//   in round k / kStages; a waiter on round r waits for parity r & 1 (full) or (r & 1) ^ 1 (empty:
+//   round 0 passes at once on a fresh barrier).
 // Persistent (v15, session 10): one CTA per SM walks the work list (FwdTiles: the tiles in the launch
 // order of a one-CTA-per-tile grid, taken from an atomic counter, so the causal list schedule stays).
 // Q is double-buffered: the producer loads the next tile's Q and first K/V while the consumers finish
