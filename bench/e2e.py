@@ -120,9 +120,9 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
     del trainer
     torch.cuda.empty_cache()
     mem = max(r.get("mem_max_alloc_gb") or 0.0 for r in records)  # the trainer resets the peak per log
-    power = {k: statistics.median(r[k] for r in records if k in r and warmup < r["step"] < last)
-             for k in ("gpu_sm_clock_mhz", "gpu_power_w", "gpu_j_per_token")
-             if any(k in r and warmup < r["step"] < last for r in records)}
+    timed = [r for r in records if warmup < r["step"] < last]
+    power = {k: statistics.median(r[k] for r in timed if k in r)
+             for k in ("gpu_sm_clock_mhz", "gpu_power_w", "gpu_j_per_token") if any(k in r for r in timed)}
     return {"step_s": statistics.median(times), "mem_gb": mem, "attention": backend,
             "attn_share": shares["time_share_attention"], "mm_share": shares["time_share_matmul"], **power}
 
