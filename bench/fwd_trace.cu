@@ -3,12 +3,12 @@
 // (entry to Q and K_0 landed), main loop and epilogue (O stores), the idle time between CTAs on an
 // SM, and the tail (SMs idle while the last CTAs run); (2) the SM clock at each phase of each key
 // tile of one CTA, averaged over its steady tiles, per consumer warpgroup. Also the kernel's time
-// (CUDA events, median of 20 after 3 warm-up runs) and TFLOP/s (4 b h s^2 d, halved when causal).
+// (CUDA events, median of 20 groups of launches after 3 warm-up runs) and TFLOP/s (4 b h s^2 d, halved when causal).
 // Inputs are random; the values do not change the timing. Build twice to see what tracing costs:
 //   nvcc -std=c++17 -O3 --use_fast_math --expt-relaxed-constexpr -DFLASHGPT_HAS_SM90A \
 //     -gencode arch=compute_90a,code=sm_90a [-DFLASHGPT_FWD_TRACE] -o /tmp/fwd_trace bench/fwd_trace.cu
 //   /tmp/fwd_trace [causal=1] [seqlen=8192] [batch=2] [heads=16] [traced query block=seqlen/128-1]
-//                  [persistent=0] [head dim=128 (or 64)]
+//                  [persistent=0] [head dim=128 (or 64)] [launches per timed group=1 (10: GPU time)]
 // persistent=1 launches the kernel as the extension does (one CTA per SM on a tile counter); the
 // per-CTA timeline (1) then describes whole persistent CTAs and is not printed -- time it only. Head
 // dim 64 (192-row query blocks, three consumer warpgroups) is timed only as well.
@@ -31,6 +31,7 @@ int main(int argc, char **argv) {
     const int traced = argc > 5 ? atoi(argv[5]) : s / 128 - 1;
     const bool persistent = argc > 6 && atoi(argv[6]) != 0;
     const int d = argc > 7 && atoi(argv[7]) == 64 ? 64 : 128;
+    const int per_group = argc > 8 ? std::max(1, atoi(argv[8])) : 1;  // launches per timed group
     const int64_t n = int64_t(b) * s * h * d, nrow = int64_t(b) * h * s;
     T *q, *k, *v, *o;
     float *lse;
@@ -51,7 +52,7 @@ int main(int argc, char **argv) {
                           : (causal ? run_flash_fwd_sm90_ws<T, 128, true>(p, 0) : run_flash_fwd_sm90_ws<T, 128, false>(p, 0));
         if (!ok) { printf("the TMA forward declined\n"); exit(1); }
     };
-    const float med = median_ms(run);
+    const float med = median_ms(run, per_group);
     const double flop = 4.0 * b * h * double(s) * s * d * (causal ? 0.5 : 1.0);
     printf("forward b=%d h=%d s=%d d=%d causal=%d persistent=%d: %.3f ms median, %.1f TFLOP/s\n", b, h, s, d,
            causal, int(persistent), med, flop / med * 1e-9);

@@ -408,8 +408,8 @@ def test_grid_order_changes_no_result(d, causal, kernel_path, monkeypatch):
     block-major), 5 and all (head-major) (grid_order.h) run the same tiles in another order: the
     forward and the deterministic backward agree bit for bit. Batch 2 x 5 heads: group 3 is lowered to 2 (a divisor of 10).
     Likewise the TMA forward launched one CTA per tile instead of persistent (FLASHGPT_SM90_PERSISTENT=0),
-    and at head dim 64 with two or three consumer warpgroups (128- or 192-row query blocks: a causal
-    row may meet a fully masked key tile first, which adds exact zeros)."""
+    and at head dim 64 with two or three consumer warpgroups (128- or 192-row query blocks; with three,
+    a warpgroup skips the causal key tiles its rows do not see)."""
     if kernel_path == "headmajor":
         pytest.skip("compares against the head-major path itself")
     torch.manual_seed(next(_seed))
@@ -429,6 +429,25 @@ def test_grid_order_changes_no_result(d, causal, kernel_path, monkeypatch):
         for name, a, b in zip(("out", "dq", "dk", "dv"), default, fwd_bwd()):
             assert torch.equal(a, b), (var, value, name)
         monkeypatch.delenv(var)
+
+
+@hopper_only
+@pytest.mark.parametrize("sq,sk", [(700, 700), (300, 700), (700, 300), (129, 1000)])
+def test_fwd_warpgroups_agree_under_causal_skip(sq, sk, kernel_path, monkeypatch):
+    """Head dim 64, causal: the TMA forward with three consumer warpgroups, whose rows skip the key
+    tiles they do not see (v17), gives two warpgroups' O and LSE bit for bit -- also where the diagonal
+    moves (more keys than queries) and where rows see no key (fewer)."""
+    if kernel_path != "default":
+        pytest.skip("one check per shape")
+    torch.manual_seed(next(_seed))
+    q = torch.randn(2, sq, 5, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, sk, 5, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    runs = {}
+    for nc in ("2", "3"):
+        monkeypatch.setenv("FLASHGPT_SM90_FWD_WARPGROUPS", nc)
+        runs[nc] = flash_attn_func(q, k, v, causal=True, return_lse=True)
+    for name, a, b in zip(("out", "lse"), runs["2"], runs["3"]):
+        assert torch.equal(a, b), name
 
 
 def test_more_heads_than_a_grid_dimension_holds():

@@ -55,13 +55,13 @@ inline bool persistent_forward() {
 }
 
 // Consumer warpgroups of the head-dim-64 TMA forward: 3 (192-row query blocks, v16) or 2 (128 rows).
-// Default: 3, except causal under 2k queries, where a 192-row block's padding (a third of the last
-// block at 512 and 1k) cost 6-8% against 2 (H100, RESULTS v16; non-causal still gained 8-10% there).
-// FLASHGPT_SM90_FWD_WARPGROUPS=2 or 3 forces one (read on every call; kernels/bench.py --compare-fwd2wg).
-inline int fwd_warpgroups_hd64(bool causal, int seqlen_q) {
+// Default: 3. (v16 kept 2 for causal under 2k queries, where a 192-row block's padding cost 6-8%;
+// since v17 a warpgroup skips the key tiles its own rows do not see, and 3 lead at every size: H100
+// harness +2.5% causal 512 / 1k, +5% 2k / 4k against 2.) FLASHGPT_SM90_FWD_WARPGROUPS=2 or 3 forces
+// one (read on every call; kernels/bench.py --compare-fwd2wg).
+inline int fwd_warpgroups_hd64() {
     if (env_is("FLASHGPT_SM90_FWD_WARPGROUPS", "2")) return 2;
-    if (env_is("FLASHGPT_SM90_FWD_WARPGROUPS", "3")) return 3;
-    return causal && seqlen_q < 2048 ? 2 : 3;
+    return 3;
 }
 
 // Streaming multiprocessors of the current device (read once per process and device ordinal).

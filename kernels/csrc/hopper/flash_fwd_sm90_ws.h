@@ -3,7 +3,8 @@
 // for each other at a block-wide barrier -- each proceeds as soon as its tiles have landed.
 //
 // Block: 1 + NC warpgroups (NC = 2 consumers at head dim 128: 384 threads; at head dim 64 3, 512
-// threads, v16, except causal under 2k queries). Warpgroup 0, the producer, gives its registers away (setmaxnreg 24) and one of its threads
+// threads, v16). Under a causal mask each consumer warpgroup skips the key tiles its rows do not see
+// (v17). Warpgroup 0, the producer, gives its registers away (setmaxnreg 24) and one of its threads
 // issues every TMA load: Q once per tile, then K_it and V_it for each key tile into a ring of kStages
 // buffers each. Warpgroups 1..NC, the consumers (setmaxnreg 240 / 160), own query rows 64 (w - 1) ..
 // 64 w - 1 of the 64 NC-row block and run the same per-tile steps as the cp.async kernel
@@ -101,7 +102,7 @@ __device__ __forceinline__ GridTile fwd_tile_at(const FwdTiles &tiles, int linea
 }
 
 // NC consumer warpgroups, each owning 64 query rows of the block: two at head dim 128; at head dim 64
-// three (v16, the default from 2k queries or non-causal: fwd_warpgroups_hd64 in dispatch.h), where a
+// three (v16; the default everywhere since v17: fwd_warpgroups_hd64 in dispatch.h), where a
 // key tile's products take half as long as at 128 for the same softmax work, so two warpgroups'
 // products are needed to cover one warpgroup's softmax (FlashAttention-3's choice).
 template <int NC> constexpr int kWsThreads = 128 * (1 + NC);
@@ -305,18 +306,39 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
         auto slot = [&](int it) { return (kv + it) % S; };
         auto full_parity = [&](int it) { return uint32_t(((kv + it) / S) & 1); };
 
-        mbar_wait(k_full + 8 * slot(0), full_parity(0));
+        // This warpgroup's first key tile (v17). Under a causal mask the rows of one warpgroup may
+        // see fewer key tiles than the block's last rows: with three warpgroups (192-row blocks, 128-key
+        // tiles) the first 64 rows of a block skip its diagonal-most tile or two. A skipped tile still
+        // takes its turn (the round robin stays in step) and releases its ring slots -- after they
+        // have filled, so a release never runs ahead into a later round. At least one tile stays, so
+        // the products below run on every path (rows past the sequence or with no key come out as
+        // empty rows, as without the skip).
+        int it0 = 0;
+        if constexpr (Is_causal) {
+            const int row_first = m_block * BM + cw * 64, last_key = min(row_first + 63, seq.sq - 1) + fb.causal_off;
+            const int n_mine = row_first >= seq.sq || last_key < 0 ? 0 : last_key / BN + 1;
+            it0 = max(0, n_tiles - max(1, n_mine));
+        }
+        for (int it = 0; it < it0; ++it) {
+            mbar_wait(k_full + 8 * slot(it), full_parity(it));
+            mbar_arrive_if(k_empty + 8 * slot(it), release);
+            mbar_wait(v_full + 8 * slot(it), full_parity(it));
+            mbar_arrive_if(v_empty + 8 * slot(it), release);
+            take_turn();
+            pass_turn();
+        }
+        mbar_wait(k_full + 8 * slot(it0), full_parity(it0));
         FWD_CTA_TRACE(trace_cta && cw == 0 && n == 0, 1);  // CTA: 1 Q and K_0 landed
         take_turn();
         wgmma_fence();
-        issue_qk<T, D>(acc_s, q_base, sK + slot(0) * kTile);
+        issue_qk<T, D>(acc_s, q_base, sK + slot(it0) * kTile);
         pass_turn();
         free_staged_q();  // the previous tile's O store has long been read; its Q buffer can refill
         wgmma_wait<0>();
-        mbar_arrive_if(k_empty + 8 * slot(0), release);
-        softmax(0);
+        mbar_arrive_if(k_empty + 8 * slot(it0), release);
+        softmax(it0);
         st.rescale_o_and_pack_p(acc_s, p);
-        for (int it = 1; it < n_tiles; ++it) {  // peeled: the same wgmma groups in flight on every path
+        for (int it = it0 + 1; it < n_tiles; ++it) {  // peeled: the same wgmma groups in flight on every path
             const int s = slot(it), sp = slot(it - 1);
             FWD_TRACE(trace, cw, it, 0);  // 0 step start
             mbar_wait(k_full + 8 * s, full_parity(it));
@@ -440,7 +462,7 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
 template <typename T, int D, bool Is_causal>
 bool run_flash_fwd_sm90_ws(Flash_fwd_params &params, cudaStream_t stream) {
     if constexpr (D == 64) {
-        if (flash::sm90::fwd_warpgroups_hd64(Is_causal, params.seqlen_q) == 3)
+        if (flash::sm90::fwd_warpgroups_hd64() == 3)
             return flash::sm90::launch_fwd_ws<T, D, 3, Is_causal>(params, stream);
     }
     return flash::sm90::launch_fwd_ws<T, D, 2, Is_causal>(params, stream);
