@@ -10,11 +10,13 @@
 //   /tmp/fwd_trace [causal=1] [seqlen=8192] [batch=2] [heads=16] [traced query block=seqlen/128-1]
 //                  [persistent=0] [head dim=128 (or 64)] [launches per timed group=1 (10: GPU time)]
 // persistent=1 launches the kernel as the extension does (one CTA per SM on a tile counter); the
-// per-CTA timeline (1) then describes whole persistent CTAs and is not printed -- time it only. Head
-// dim 64 (192-row query blocks, three consumer warpgroups) is timed only as well.
+// trace build then prints (0) instead: per tile of the first CTA, where each consumer warpgroup's
+// time goes between one O store and the next (any head dim). Head dim 64 (192-row query blocks, three
+// consumer warpgroups) is otherwise timed only.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <vector>
 #include <cuda_bf16.h>
@@ -24,6 +26,11 @@
 using T = __nv_bfloat16;
 
 
+
+static bool getenv_is(const char *name, const char *value) {
+    const char *v = getenv(name);
+    return v != nullptr && strcmp(v, value) == 0;
+}
 
 int main(int argc, char **argv) {
     const bool causal = argc > 1 ? atoi(argv[1]) != 0 : true;
@@ -69,7 +76,37 @@ int main(int argc, char **argv) {
         printf("O checksum: weighted sum %.6e\n", sum);
     }
 #ifdef FLASHGPT_FWD_TRACE
-    if (persistent || d != 128) return 0;  // the timeline below assumes 128-row query blocks
+    if (persistent) {  // (0) the tiles of the first persistent CTA, one more run with a clean record
+        static long long tc[256][3][8];
+        memset(tc, 0, sizeof(tc));
+        CK(cudaMemcpyToSymbol(flash::sm90::g_fwd_tile_clk, tc, sizeof(tc)));
+        run();
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpyFromSymbol(tc, flash::sm90::g_fwd_tile_clk, sizeof(tc)));
+        const int nc = d == 64 && !getenv_is("FLASHGPT_SM90_FWD_WARPGROUPS", "2") ? 3 : 2;
+        int nt = 0;
+        while (nt < 256 && tc[nt][0][0] != 0 && tc[nt][0][6] != 0) ++nt;
+        const char *what[] = {"since the previous O store", "first key tile", "turn, first QK^T issued",
+                              "first S, softmax", "steady steps", "last PV (turn, product)", "O staged, stored"};
+        printf("CTA 0: %d tiles; mean SM clocks per tile (tiles 1..%d), per consumer warpgroup:\n", nt, nt - 1);
+        for (int w = 0; w < nc; ++w) {
+            double ph[7] = {0}, steps = 0, total = 0;
+            for (int t = 1; t < nt; ++t) {
+                ph[0] += tc[t][w][0] - tc[t - 1][w][6];
+                for (int k = 1; k < 7; ++k) ph[k] += tc[t][w][k] - tc[t][w][k - 1];
+                steps += (tc[t][w][7] >> 16) - (tc[t][w][7] & 0xffff);  // this warpgroup's key tiles
+                total += tc[t][w][6] - tc[t - 1][w][6];
+            }
+            const double m = std::max(1, nt - 1);
+            printf("warpgroup %d (%.2f key tiles per tile):", w + 1, steps / m);
+            for (int k = 0; k < 7; ++k) printf(" %s %.0f;", what[k], ph[k] / m);
+            printf(" tile %.0f; per steady step %.0f\n", total / m, steps > m ? ph[4] / (steps - m) : 0.0);
+        }
+        printf("tensor bound per key tile (CTA, %d x 64 rows, 4096 FLOP/clock): %.0f clocks\n", nc,
+               nc * 2.0 * 2 * 64 * 128 * d / 4096);
+        return 0;
+    }
+    if (d != 128) return 0;  // the timeline below assumes 128-row query blocks
     // (1) the grid: the last run's per-CTA records.
     const int nblk = (s + 127) / 128, ncta = std::min(65536, nblk * b * h);
     static long long clk[65536][8];

@@ -44,8 +44,12 @@ namespace sm90 {
 // Per CTA (linear launch index, up to 64K): SM id and SM clocks at entry, Q and K_0 landed, each
 // consumer warpgroup's loop end and exit ([cta][2 + 2 cw], [cta][3 + 2 cw]), and the global timer (ns) at entry / exit.
 // Per step of one CTA (head 0 of batch 0, query block g_fwd_trace_block), per consumer warpgroup:
-// the SM clock at the points named at each FWD_TRACE below.
+// the SM clock at the points named at each FWD_TRACE below. Per tile of the first persistent CTA
+// (blockIdx.x 0, its first 256 tiles), per consumer warpgroup: the SM clock at the points named at each
+// FWD_TILE_TRACE below ([n][cw][0..6]) and the tile's key tiles, this warpgroup's first ([n][cw][7]: n_tiles
+// << 16 | it0).
 __device__ int g_fwd_trace_block;
+__device__ long long g_fwd_tile_clk[256][3][8];
 __device__ uint32_t g_fwd_trace[3][1024][8];
 __device__ long long g_fwd_cta_clk[65536][8];
 __device__ unsigned long long g_fwd_cta_ns[65536][2];
@@ -68,6 +72,10 @@ __device__ __forceinline__ unsigned long long fwd_ns() {
     do {                                                                               \
         if (on && fwd_cta_index() < 65536) g_fwd_cta_clk[fwd_cta_index()][point] = clock64(); \
     } while (0)
+#define FWD_TILE_TRACE(on, n, cw, point, value)                                        \
+    do {                                                                               \
+        if (on && (n) < 256) g_fwd_tile_clk[n][cw][point] = (value);                   \
+    } while (0)
 #else
 #define FWD_TRACE(on, w, it, point) \
     do {                            \
@@ -76,6 +84,10 @@ __device__ __forceinline__ unsigned long long fwd_ns() {
 #define FWD_CTA_TRACE(on, point) \
     do {                         \
         (void)(on);              \
+    } while (0)
+#define FWD_TILE_TRACE(on, n, cw, point, value) \
+    do {                                        \
+        (void)(on);                             \
     } while (0)
 #endif
 
@@ -289,9 +301,11 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
 #ifdef FLASHGPT_FWD_TRACE
         const bool trace = tile.bh == 0 && m_block == g_fwd_trace_block && warp == 0 && lane == 0;
         const bool trace_cta = warp == 0 && lane == 0;
+        const bool trace_tile = trace_cta && blockIdx.x == 0 && tiles.counter != nullptr;
 #else
-        constexpr bool trace = false, trace_cta = false;
+        constexpr bool trace = false, trace_cta = false, trace_tile = false;
 #endif
+        FWD_TILE_TRACE(trace_tile, n, cw, 0, clock64());  // tile 0: its id read (Q landed)
         auto key_block = [&](int it) { return n_tiles - 1 - it; };  // from the causal diagonal down
         const uint32_t q_base = sQ + qb * kQTile + cw * 64 * 128;
         FwdRowState<T, D> st;
@@ -329,15 +343,19 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
         }
         mbar_wait(k_full + 8 * slot(it0), full_parity(it0));
         FWD_CTA_TRACE(trace_cta && cw == 0 && n == 0, 1);  // CTA: 1 Q and K_0 landed
+        FWD_TILE_TRACE(trace_tile, n, cw, 1, clock64());   // tile 1: first key tile landed (skipped ones passed)
         take_turn();
         wgmma_fence();
         issue_qk<T, D>(acc_s, q_base, sK + slot(it0) * kTile);
         pass_turn();
+        FWD_TILE_TRACE(trace_tile, n, cw, 2, clock64());  // tile 2: first QK^T issued (turn taken)
         free_staged_q();  // the previous tile's O store has long been read; its Q buffer can refill
         wgmma_wait<0>();
         mbar_arrive_if(k_empty + 8 * slot(it0), release);
         softmax(it0);
         st.rescale_o_and_pack_p(acc_s, p);
+        FWD_TILE_TRACE(trace_tile, n, cw, 3, clock64());  // tile 3: first softmax done
+        FWD_TILE_TRACE(trace_tile, n, cw, 7, (long long)n_tiles << 16 | it0);
         for (int it = it0 + 1; it < n_tiles; ++it) {  // peeled: the same wgmma groups in flight on every path
             const int s = slot(it), sp = slot(it - 1);
             FWD_TRACE(trace, cw, it, 0);  // 0 step start
@@ -364,11 +382,13 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
         }
         const int sl = slot(n_tiles - 1);
         mbar_wait(v_full + 8 * sl, full_parity(n_tiles - 1));
+        FWD_TILE_TRACE(trace_tile, n, cw, 4, clock64());  // tile 4: steady steps done, last V landed
         take_turn();
         wgmma_fence();
         issue_pv<T, D>(st.acc_o, p, sV + sl * kTile);
         pass_turn();
         wgmma_wait<0>();
+        FWD_TILE_TRACE(trace_tile, n, cw, 5, clock64());  // tile 5: last PV landed
         mbar_arrive_if(v_empty + 8 * sl, release);
         kv += n_tiles;
         FWD_CTA_TRACE(trace_cta, 2 + 2 * cw);  // CTA: 2 / 4 warpgroup 1 / 2's loop done (last PV landed)
@@ -395,6 +415,7 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
         }
         staged_qb = qb;
         FWD_CTA_TRACE(trace_cta, 3 + 2 * cw);  // CTA: 3 / 5 warpgroup 1 / 2 stored O
+        FWD_TILE_TRACE(trace_tile, n, cw, 6, clock64());  // tile 6: O stored (TMA store issued)
     }
     free_staged_q();  // the last O store has read shared memory before the CTA exits
     if (Pingpong && cw == 0) named_barrier_sync(2, 256);
