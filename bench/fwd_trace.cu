@@ -27,10 +27,12 @@ using T = __nv_bfloat16;
 
 
 
+#ifdef FLASHGPT_FWD_TRACE
 static bool getenv_is(const char *name, const char *value) {
     const char *v = getenv(name);
     return v != nullptr && strcmp(v, value) == 0;
 }
+#endif
 
 int main(int argc, char **argv) {
     const bool causal = argc > 1 ? atoi(argv[1]) != 0 : true;

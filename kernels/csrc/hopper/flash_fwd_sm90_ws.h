@@ -130,9 +130,10 @@ template <int D> constexpr int kWsTileBytes = 128 * D * 2;     // a K or V tile
 template <int D, int NC> constexpr int kWsQTileBytes = kWsBM<NC> * D * 2;
 template <int D, int NC>
 constexpr int kWsBarrierOffset = kWsQBufs * kWsQTileBytes<D, NC> + 2 * kWsStages<D> * kWsTileBytes<D>;
-// barriers: q_full[2], q_empty[2], k_full[S], v_full[S], k_empty[S], v_empty[S]; then tile ids[2]
+// barriers: q_full[2], q_empty[2], k_full[S], v_full[S], k_empty[S], v_empty[S]; then the tiles of the
+// two Q buffers, decoded (FwdTileInfo, 4 ints each)
 template <int D, int NC>
-constexpr int kWsSmemBytes = kWsBarrierOffset<D, NC> + (2 * kWsQBufs + 4 * kWsStages<D>) * 8 + 8;
+constexpr int kWsSmemBytes = kWsBarrierOffset<D, NC> + (2 * kWsQBufs + 4 * kWsStages<D>) * 8 + kWsQBufs * 16;
 
 template <typename T, int D, int NC, bool Is_causal, bool Is_even, bool Pingpong>
 __global__ void __launch_bounds__(kWsThreads<NC>, 1)
@@ -147,7 +148,11 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
     const uint32_t bar = sQ + kWsBarrierOffset<D, NC>;
     const uint32_t q_full = bar, q_empty = bar + 8 * kWsQBufs, k_full = q_empty + 8 * kWsQBufs,
                    v_full = k_full + 8 * S, k_empty = v_full + 8 * S, v_empty = k_empty + 8 * S;
-    volatile int *tile_ids = reinterpret_cast<volatile int *>(smem + kWsBarrierOffset<D, NC> + (2 * kWsQBufs + 4 * S) * 8);
+    // Per Q buffer, the tile it holds, decoded by the producer (v18): m_block (-1: no more tiles), b, h,
+    // and its key tiles (-1: a block past a packed sequence's end). The consumers once decoded the id
+    // themselves: ~8 integer divisions, a dependent chain of ~1200 clocks between two tiles while the
+    // other warpgroup waited at the same boundary (bench/fwd_trace.cu's per-tile timeline, session 11).
+    volatile int *tile_info = reinterpret_cast<volatile int *>(smem + kWsBarrierOffset<D, NC> + (2 * kWsQBufs + 4 * S) * 8);
 
 #ifdef FLASHGPT_FWD_TRACE
     if (threadIdx.x == 0 && fwd_cta_index() < 65536) {
@@ -179,8 +184,8 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
     }
     __syncthreads();
 
-    // Tile n of this CTA goes through Q buffer n % 2: the producer writes its id (-1: no more tiles)
-    // into tile_ids[n % 2] and arrives on q_full (with Q's bytes when the tile has work); each consumer
+    // Tile n of this CTA goes through Q buffer n % 2: the producer writes it, decoded, into
+    // tile_info[n % 2] (m_block -1: no more tiles) and arrives on q_full (with Q's bytes when the tile has work); each consumer
     // warpgroup arrives on q_empty once its O rows, staged in that buffer, have been read by the TMA.
     if (wg == 0) {  // ---- producer ----------------------------------------------------------------
         regs_release<kWsProducerRegs>();
@@ -195,17 +200,20 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
                 const int qb = n % kWsQBufs;
                 mbar_wait(q_empty + 8 * qb, ((n / kWsQBufs) & 1) ^ 1);
                 if (linear >= tiles.num_tiles) {
-                    tile_ids[qb] = -1;
+                    tile_info[4 * qb] = -1;
                     mbar_arrive_if(q_full + 8 * qb, true);
                     break;
                 }
-                tile_ids[qb] = linear;
                 const GridTile tile = fwd_tile_at(tiles, linear);
                 const int m_block = tile.num_blocks - 1 - tile.block;  // heaviest (causal) first
                 const int b = tile.bh / params.h, h = tile.bh % params.h;
                 const SeqInfo seq(params, b);
-                const int n_tiles = m_block * BM >= seq.sq ? 0
+                const int n_tiles = m_block * BM >= seq.sq ? -1
                     : FwdBlock<T>::template make<Is_causal>(params, seq, b, h, m_block, BM, BN).n_block_max;
+                tile_info[4 * qb] = m_block;
+                tile_info[4 * qb + 1] = b;
+                tile_info[4 * qb + 2] = h;
+                tile_info[4 * qb + 3] = n_tiles;
                 if (n_tiles <= 0) {
                     mbar_arrive_if(q_full + 8 * qb, true);  // nothing to load: the consumers skip or write empty rows
                 } else {
@@ -277,13 +285,11 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
     for (int n = 0;; ++n) {
         const int qb = n % kWsQBufs;
         mbar_wait(q_full + 8 * qb, (n / kWsQBufs) & 1);
-        const int linear = tile_ids[qb];
-        if (linear < 0) break;
-        const GridTile tile = fwd_tile_at(tiles, linear);
-        const int m_block = tile.num_blocks - 1 - tile.block;
-        const int b = tile.bh / params.h, h = tile.bh % params.h;
+        const int m_block = tile_info[4 * qb];
+        if (m_block < 0) break;
+        const int b = tile_info[4 * qb + 1], h = tile_info[4 * qb + 2];
         const SeqInfo seq(params, b);
-        if (m_block * BM >= seq.sq) {  // varlen: this sequence is shorter than the grid
+        if (tile_info[4 * qb + 3] < 0) {  // varlen: this sequence is shorter than the grid
             free_staged_q();
             staged_qb = qb;  // nothing staged: frees at once next time
             free_staged_q();
@@ -299,7 +305,7 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
             continue;
         }
 #ifdef FLASHGPT_FWD_TRACE
-        const bool trace = tile.bh == 0 && m_block == g_fwd_trace_block && warp == 0 && lane == 0;
+        const bool trace = b == 0 && h == 0 && m_block == g_fwd_trace_block && warp == 0 && lane == 0;
         const bool trace_cta = warp == 0 && lane == 0;
         const bool trace_tile = trace_cta && blockIdx.x == 0 && tiles.counter != nullptr;
 #else
