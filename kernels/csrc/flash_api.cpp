@@ -110,8 +110,11 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     Flash_fwd_params params;
     fill_fwd_params(params, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                     softmax_scale, causal);
-    at::Tensor tile_counter = at::empty({1}, q.options().dtype(at::kInt));  // the launcher zeroes it
-    params.tile_counter = tile_counter.data_ptr<int>();
+    at::Tensor tile_counter;  // the persistent TMA forward's work counter (the launcher zeroes it); else none
+    if (fwd_needs_tile_counter(params.d, causal, params.seqlen_k)) {
+        tile_counter = at::empty({1}, q.options().dtype(at::kInt));
+        params.tile_counter = tile_counter.data_ptr<int>();
+    }
     cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
     FP16_SWITCH(q.scalar_type() == at::kBFloat16, [&] {
         HEADDIM_SWITCH(params.d, [&] {

@@ -1,8 +1,10 @@
 // Storage of the per-shape-class Hopper dispatch choices (declared in flash.h, read by
-// hopper/dispatch.h, written through the binding by kernels/tune.py). One definition for the whole
+// hopper/dispatch.h, written through the binding by kernels/tune.py), and the dispatch questions the
+// binding (a .cpp, which cannot include the CUDA headers) asks. One definition for the whole
 // extension; host code only.
 #include <stdexcept>
 #include "../flash.h"
+#include "dispatch.h"
 
 namespace {
 constexpr int kPasses = 2, kDims = 2, kCausal = 2, kBuckets = 4;
@@ -30,3 +32,8 @@ void set_sm90_choice(int pass, int head_dim, bool causal, int bucket, int choice
 }
 
 int sm90_choice(int pass, int head_dim, bool causal, int bucket) { return slot(pass, head_dim, causal, bucket); }
+
+bool fwd_needs_tile_counter(int head_dim, bool causal, int seqlen_k) {
+    return flash::sm90::use(flash::sm90::kFwd, head_dim, causal, seqlen_k) && flash::sm90::ws_kernels() &&
+           flash::sm90::persistent_forward();
+}

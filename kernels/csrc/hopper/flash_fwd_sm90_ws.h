@@ -281,6 +281,11 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
             staged_qb = -1;
         }
     };
+    auto free_q_now = [&](int qb) {  // a tile with nothing staged: its buffer (and any staged one) frees at once
+        free_staged_q();
+        staged_qb = qb;
+        free_staged_q();
+    };
     int kv = 0;  // K/V tiles consumed so far, as in the producer
     for (int n = 0;; ++n) {
         const int qb = n % kWsQBufs;
@@ -290,18 +295,14 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
         const int b = tile_info[4 * qb + 1], h = tile_info[4 * qb + 2];
         const SeqInfo seq(params, b);
         if (tile_info[4 * qb + 3] < 0) {  // varlen: this sequence is shorter than the grid
-            free_staged_q();
-            staged_qb = qb;  // nothing staged: frees at once next time
-            free_staged_q();
+            free_q_now(qb);
             continue;
         }
         const FwdBlock<T> fb = FwdBlock<T>::template make<Is_causal>(params, seq, b, h, m_block, BM, BN);
         const int n_tiles = fb.n_block_max;
         if (n_tiles <= 0) {
             fb.write_empty(params, BM, D, tid - 128, 128 * NC);
-            free_staged_q();
-            staged_qb = qb;
-            free_staged_q();
+            free_q_now(qb);
             continue;
         }
 #ifdef FLASHGPT_FWD_TRACE
