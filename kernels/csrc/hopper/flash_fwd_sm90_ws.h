@@ -23,7 +23,7 @@
 // TMA store, freeing the buffer (q_empty) once the store has read it. No CTA start-up, barrier setup
 // or epilogue stands between two tiles of an SM. FLASHGPT_SM90_PERSISTENT=0: one CTA per tile.
 // Shared memory (128B-swizzled, wgmma.h): 2 x Q 64 NC x D, kStages x (K, V) 128 x D, the barriers,
-// the two tile ids.
+// the two tiles, decoded by the producer (v18).
 #pragma once
 #include <algorithm>
 #include <type_traits>
@@ -131,7 +131,7 @@ template <int D, int NC> constexpr int kWsQTileBytes = kWsBM<NC> * D * 2;
 template <int D, int NC>
 constexpr int kWsBarrierOffset = kWsQBufs * kWsQTileBytes<D, NC> + 2 * kWsStages<D> * kWsTileBytes<D>;
 // barriers: q_full[2], q_empty[2], k_full[S], v_full[S], k_empty[S], v_empty[S]; then the tiles of the
-// two Q buffers, decoded (FwdTileInfo, 4 ints each)
+// two Q buffers, decoded (4 ints each: m_block, b, h, key tiles)
 template <int D, int NC>
 constexpr int kWsSmemBytes = kWsBarrierOffset<D, NC> + (2 * kWsQBufs + 4 * kWsStages<D>) * 8 + kWsQBufs * 16;
 
@@ -185,8 +185,9 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
     __syncthreads();
 
     // Tile n of this CTA goes through Q buffer n % 2: the producer writes it, decoded, into
-    // tile_info[n % 2] (m_block -1: no more tiles) and arrives on q_full (with Q's bytes when the tile has work); each consumer
-    // warpgroup arrives on q_empty once its O rows, staged in that buffer, have been read by the TMA.
+    // tile_info[n % 2] (m_block -1: no more tiles) and arrives on q_full (with Q's bytes when the tile
+    // has work); each consumer warpgroup arrives on q_empty once its O rows, staged in that buffer,
+    // have been read by the TMA.
     if (wg == 0) {  // ---- producer ----------------------------------------------------------------
         regs_release<kWsProducerRegs>();
         if (tid == 0) {
@@ -312,7 +313,7 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
 #else
         constexpr bool trace = false, trace_cta = false, trace_tile = false;
 #endif
-        FWD_TILE_TRACE(trace_tile, n, cw, 0, clock64());  // tile 0: its id read (Q landed)
+        FWD_TILE_TRACE(trace_tile, n, cw, 0, clock64());  // tile 0: the tile read (Q landed)
         auto key_block = [&](int it) { return n_tiles - 1 - it; };  // from the causal diagonal down
         const uint32_t q_base = sQ + qb * kQTile + cw * 64 * 128;
         FwdRowState<T, D> st;
