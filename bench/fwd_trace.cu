@@ -27,13 +27,6 @@ using T = __nv_bfloat16;
 
 
 
-#ifdef FLASHGPT_FWD_TRACE
-static bool getenv_is(const char *name, const char *value) {
-    const char *v = getenv(name);
-    return v != nullptr && strcmp(v, value) == 0;
-}
-#endif
-
 int main(int argc, char **argv) {
     const bool causal = argc > 1 ? atoi(argv[1]) != 0 : true;
     const int s = argc > 2 ? atoi(argv[2]) : 8192, b = argc > 3 ? atoi(argv[3]) : 2, h = argc > 4 ? atoi(argv[4]) : 16;
@@ -85,7 +78,7 @@ int main(int argc, char **argv) {
         run();
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpyFromSymbol(tc, flash::sm90::g_fwd_tile_clk, sizeof(tc)));
-        const int nc = d == 64 && !getenv_is("FLASHGPT_SM90_FWD_WARPGROUPS", "2") ? 3 : 2;
+        const int nc = d == 64 ? flash::sm90::fwd_warpgroups_hd64() : 2;  // as the launcher chose
         int nt = 0;
         while (nt < 256 && tc[nt][0][0] != 0 && tc[nt][0][6] != 0) ++nt;
         const char *what[] = {"since the previous O store", "first key tile", "turn, first QK^T issued",
