@@ -3,7 +3,8 @@
 Same process, same inputs; head dim 64/128, seqlen 512..16k, batch*seqlen = 16k tokens,
 d_model 2048 -> heads = 2048/hdim, bf16, causal and not.
 Timing: CUDA events around each call, warm-up first, median of --reps calls per candidate, the
-candidates of a row interleaved in 5 round-robin passes (kernels/timing.py). By default the GPU time
+candidates of a row interleaved one call at a time in an order where each runs right after every
+other equally often (kernels/timing.py; --fixed-order: 5 passes in a fixed order, sessions 3-11). By default the GPU time
 of a call (the host has queued the call before the first event fires, as in a training step);
 --call-time: the time of a synchronised eager call, host launch time included (sessions 1-8).
 TFLOP/s: FLOPs = 4*batch*heads*seqlen^2*hdim (halved if causal); fwd+bwd = 3.5 x fwd.
@@ -14,7 +15,7 @@ Error column: max |ours - fp32 reference| of the forward output on batch 0, head
                             [--compare-fa2] [--compare-cpasync] [--compare-nopingpong]
                             [--compare-headmajor] [--compare-fa2bwd] [--compare-directstore]
                             [--compare-nopersist] [--compare-fwd2wg] [--compare-fwd3wg] [--only-ours]
-                            [--call-time]
+                            [--call-time] [--fixed-order]
 """
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def impls(causal: bool, deterministic: bool = False):
 
 def bench_row(hdim: int, seqlen: int, causal: bool, reps: int, det: bool,
               only_ours: bool = False, variants: tuple[str, ...] = (), tokens: int = TOKENS,
-              queue_ahead: bool = True) -> dict:
+              queue_ahead: bool = True, fixed_order: bool = False) -> dict:
     batch, heads = max(1, tokens // seqlen), D_MODEL // hdim
     torch.manual_seed(0)
     q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16,
@@ -119,9 +120,10 @@ def bench_row(hdim: int, seqlen: int, causal: bool, reps: int, det: bool,
         except RuntimeError as e:  # e.g. a backend that refuses the shape
             print(f"  {name} failed: {str(e).splitlines()[0]}")
             row[f"{name}_fwd"] = row[f"{name}_fwdbwd"] = float("nan")
-    fwd_ms = time_interleaved_ms({n: forward(n, fn) for n, fn in runnable.items()}, reps, queue_ahead=queue_ahead)
+    fwd_ms = time_interleaved_ms({n: forward(n, fn) for n, fn in runnable.items()}, reps, queue_ahead=queue_ahead,
+                                 fixed_order=fixed_order)
     fb_ms = time_interleaved_ms({n: forward_backward(n, fn) for n, fn in runnable.items()}, reps,
-                                queue_ahead=queue_ahead)
+                                queue_ahead=queue_ahead, fixed_order=fixed_order)
     for name in runnable:
         row[f"{name}_fwd"] = flops / fwd_ms[name] / 1e9
         row[f"{name}_fwdbwd"] = 3.5 * flops / fb_ms[name] / 1e9
@@ -193,6 +195,9 @@ def main() -> None:
     ap.add_argument("--call-time", action="store_true",
                     help="time synchronised eager calls, host launch time included (the sweeps of sessions 1-8) "
                          "instead of the GPU time of calls the host has already queued")
+    ap.add_argument("--fixed-order", action="store_true",
+                    help="interleave the candidates in a fixed order (5 passes, sessions 3-11) instead of "
+                         "the balanced one where each runs after every other equally often")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
@@ -203,7 +208,7 @@ def main() -> None:
         for causal in args.causal:
             for s in args.seqlens:
                 r = bench_row(hdim, s, bool(causal), args.reps, args.det, args.only_ours, variants, args.tokens,
-                              queue_ahead=not args.call_time)
+                              queue_ahead=not args.call_time, fixed_order=args.fixed_order)
                 line = f"  hdim {hdim} causal {causal} seqlen {s}: ours {r['ours_fwd']:.0f}/{r['ours_fwdbwd']:.0f}"
                 if "ours_det_fwdbwd" in r:
                     line += f" (det f+b {r['ours_det_fwdbwd']:.0f})"
@@ -219,6 +224,7 @@ def main() -> None:
             json.dump(rows, f, indent=1)
     if not args.only_ours:
         timing = "call time, host included" if args.call_time else "GPU time, host queued ahead"
+        timing += ", fixed order" if args.fixed_order else ", balanced order"
         print(f"\nTFLOP/s (fwd; f+b = fwd+bwd; {timing}), bf16, batch*seqlen = {args.tokens} tokens, d_model 2048\n")
         print(table(rows, args.det, variants))
 

@@ -71,21 +71,53 @@ def time_ms(fn: Callable[[], object], reps: int, warmup: int = 3, queue_ahead: b
     return statistics.median(_call_ms(fn, spin) for _ in range(reps))
 
 
-def time_interleaved_ms(fns: Dict[str, Callable[[], object]], reps: int, rounds: int = 5,
-                        warmup: int = 3, queue_ahead: bool = True) -> Dict[str, float]:
-    """Median milliseconds per call of each of `fns`, timed round-robin: `rounds` passes over all of
-    them, reps / rounds calls each per pass. A clock or power dip during the measurement then falls
-    on every candidate alike instead of on whichever ran at that moment, so the ratios between them
-    (what a sweep reports) hold up; timing each candidate in one block moved single rows by up to 40%
-    on the lent H100 (bench/RESULTS.md v10)."""
+def balanced_order(names: list[str]) -> list[str]:
+    """A cyclic visiting order of `names` in which every name follows every name -- itself included --
+    exactly once: an Eulerian circuit over all n^2 ordered pairs (Hierholzer's algorithm), so each
+    name appears n times per cycle."""
+    n = len(names)
+    unused = {i: list(range(n)) for i in range(n)}  # pairs (i, j) not yet walked, self-pairs included
+    stack, circuit = [0], []
+    while stack:
+        i = stack[-1]
+        if unused[i]:
+            stack.append(unused[i].pop())
+        else:
+            circuit.append(stack.pop())
+    circuit.reverse()  # closed walk 0 ... 0 over all n^2 pairs; the last 0 closes the cycle
+    return [names[i] for i in circuit[:-1]] if n else []
+
+
+def time_interleaved_ms(fns: Dict[str, Callable[[], object]], reps: int, warmup: int = 3,
+                        queue_ahead: bool = True, fixed_order: bool = False,
+                        rounds: int = 5) -> Dict[str, float]:
+    """Median milliseconds per call of each of `fns` (at least `reps` calls each), the candidates
+    interleaved so that a clock or power state falls on every candidate alike instead of on whichever
+    ran at that moment (timing each candidate in one block moved single rows by up to 40% on the lent
+    H100: bench/RESULTS.md v10).
+
+    Default: one call per visit in balanced_order(), repeated -- every candidate runs right after
+    every candidate (itself included) equally often. A call's time can depend on what ran just
+    before it (the board's power and clock state; RESULTS v19: at non-causal 16k our f+b ran 606
+    TFLOP/s after itself, 614-627 after cuDNN or SDPA flash, while cuDNN's ran 617-620 after any),
+    so the fixed order, where a candidate follows itself 2 calls in 3, biased long rows.
+    fixed_order=True: the order of sessions 3-11 (`rounds` passes in dict order, reps / rounds
+    calls of a candidate back to back per pass), kept to reproduce earlier tables."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     torch.cuda.synchronize()
     spin = _spin_for(fns.values(), queue_ahead)
-    per_round = max(1, reps // rounds)
     times: Dict[str, list] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name] += [_call_ms(fn, spin) for _ in range(per_round)]
+    if fixed_order:
+        per_round = max(1, reps // rounds)
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                times[name] += [_call_ms(fn, spin) for _ in range(per_round)]
+    else:
+        order = balanced_order(list(fns))
+        per_cycle = len(fns)  # visits of each candidate per cycle
+        for _ in range(-(-reps // per_cycle)):
+            for name in order:
+                times[name].append(_call_ms(fns[name], spin))
     return {name: statistics.median(t) for name, t in times.items()}

@@ -314,6 +314,36 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
         constexpr bool trace = false, trace_cta = false, trace_tile = false;
 #endif
         FWD_TILE_TRACE(trace_tile, n, cw, 0, clock64());  // tile 0: the tile read (Q landed)
+        auto slot = [&](int it) { return (kv + it) % S; };
+        auto full_parity = [&](int it) { return uint32_t(((kv + it) / S) & 1); };
+        // Tile `it` passed through without products: its turn taken and passed (the round robin stays
+        // in step), its K / V slots released once filled (a release never counts toward a later round).
+        auto pass_tile = [&](int it) {
+            mbar_wait(k_full + 8 * slot(it), full_parity(it));
+            mbar_arrive_if(k_empty + 8 * slot(it), release);
+            mbar_wait(v_full + 8 * slot(it), full_parity(it));
+            mbar_arrive_if(v_empty + 8 * slot(it), release);
+            take_turn();
+            pass_turn();
+        };
+        if constexpr (NC == 3 && !Is_causal) {
+            if (fb.rows_left <= 64 * cw) {
+                // v19: none of this warpgroup's rows is in the sequence (the last block of a sequence
+                // that is not a multiple of 192 rows, e.g. 512 = 2 x 192 + 128). It used to run all of
+                // the block's key tiles' products on them anyway (4 of the last block's 12 warpgroup
+                // steps at 512) and store nothing; now it only takes the n_tiles + 1 turns the products'
+                // path takes (one per key tile, one for the last PV). +2% at 512, +6% at 1k (head dim 64,
+                // non-causal). Compiled only here: under a causal mask such a warpgroup already ran one
+                // tile's products (v17's skip), the path measured 0 to -2.5% (causal 512-2k), and the
+                // branch alone cost the head-dim-128 kernels ~1% at 512 (code layout): RESULTS v19.
+                for (int it = 0; it < n_tiles; ++it) pass_tile(it);
+                take_turn();
+                pass_turn();
+                kv += n_tiles;
+                free_q_now(qb);
+                continue;
+            }
+        }
         auto key_block = [&](int it) { return n_tiles - 1 - it; };  // from the causal diagonal down
         const uint32_t q_base = sQ + qb * kQTile + cw * 64 * 128;
         FwdRowState<T, D> st;
@@ -325,30 +355,21 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
             st.template softmax<Is_causal, Is_even>(acc_s, key_block(it), m_block * BM + row0, seq.sk, fb.causal_off,
                                                     params.scale_softmax_log2, g, t);
         };
-        auto slot = [&](int it) { return (kv + it) % S; };
-        auto full_parity = [&](int it) { return uint32_t(((kv + it) / S) & 1); };
 
         // This warpgroup's first key tile (v17). Under a causal mask the rows of one warpgroup may
         // see fewer key tiles than the block's last rows: with three warpgroups (192-row blocks, 128-key
         // tiles) the first 64 rows of a block skip its diagonal-most tile or two. A skipped tile still
         // takes its turn (the round robin stays in step) and releases its ring slots -- after they
         // have filled, so a release never runs ahead into a later round. At least one tile stays, so
-        // the products below run on every path (rows past the sequence or with no key come out as
-        // empty rows, as without the skip).
+        // the products below run on every path (rows with no key come out as empty rows, as without
+        // the skip; a warpgroup with no row in the sequence took the path above).
         int it0 = 0;
         if constexpr (Is_causal) {
             const int row_first = m_block * BM + cw * 64, last_key = min(row_first + 63, seq.sq - 1) + fb.causal_off;
             const int n_mine = row_first >= seq.sq || last_key < 0 ? 0 : last_key / BN + 1;
             it0 = max(0, n_tiles - max(1, n_mine));
         }
-        for (int it = 0; it < it0; ++it) {
-            mbar_wait(k_full + 8 * slot(it), full_parity(it));
-            mbar_arrive_if(k_empty + 8 * slot(it), release);
-            mbar_wait(v_full + 8 * slot(it), full_parity(it));
-            mbar_arrive_if(v_empty + 8 * slot(it), release);
-            take_turn();
-            pass_turn();
-        }
+        for (int it = 0; it < it0; ++it) pass_tile(it);
         mbar_wait(k_full + 8 * slot(it0), full_parity(it0));
         FWD_CTA_TRACE(trace_cta && cw == 0 && n == 0, 1);  // CTA: 1 Q and K_0 landed
         FWD_TILE_TRACE(trace_tile, n, cw, 1, clock64());   // tile 1: first key tile landed (skipped ones passed)
