@@ -137,6 +137,7 @@ class ThroughputMeter:
         self.peak = peak  # FLOP/s per GPU
         self.gemm_ceiling = gemm_ceiling  # FLOP/s per GPU, measured
         self._last: Optional[Tuple[int, float]] = None  # (step, perf_counter) at the last mark
+        self.interval_steps = 0  # steps between the last two marks (0 until a mark closes an interval)
 
     @classmethod
     def from_model(cls, model_cfg, tokens_per_step: int, world_size: int = 1,
@@ -170,8 +171,10 @@ class ThroughputMeter:
         now = time.perf_counter()
         last, self._last = self._last, (step, now)
         if last is None or step <= last[0]:
+            self.interval_steps = 0
             return None
-        return self.compute((now - last[1]) / (step - last[0]))
+        self.interval_steps = step - last[0]
+        return self.compute((now - last[1]) / self.interval_steps)
 
 
 Scalar = Union[torch.Tensor, float, int]

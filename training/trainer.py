@@ -217,9 +217,8 @@ class Trainer:
             meter.mark(self.step)
             if telemetry is not None:
                 telemetry.mark()
-            return self.step
 
-        interval_start = restart_intervals()
+        restart_intervals()
         signals = StopSignal()
         try:
             signals.__enter__()
@@ -240,22 +239,20 @@ class Trainer:
                 if logger.should_log(self.step):
                     timing = meter.mark(self.step) or {}
                     if telemetry is not None:  # tokens this GPU ran since the last mark
-                        tokens = (self.step - interval_start) * self.tokens_per_step // self.dist.world_size
-                        timing.update(telemetry.mark(tokens))
-                    interval_start = self.step
+                        timing.update(telemetry.mark(meter.interval_steps * self.tokens_per_step // self.dist.world_size))
                     deferred.push(self.step, {**values, **timing, "tokens_seen": self.tokens_seen,
                                               **memory_stats(self.dist.device)})
                 for step, metrics in deferred.pop_ready():
                     logger.log(step, metrics)
                 if self._due(t.eval_interval) and self.val_loader is not None:
                     logger.log_eval(self.step, {"loss": self.evaluate()})
-                    interval_start = restart_intervals()
+                    restart_intervals()
                 if self._due(t.ckpt_interval) or (self.step == stop_at and (t.save_final or self.step < t.max_steps)) or stop:
                     for step, metrics in deferred.flush():
                         logger.log(step, metrics)
                     path = self.save()
                     logger.info(f"checkpoint: {path}")
-                    interval_start = restart_intervals()
+                    restart_intervals()
                 if stop:  # every rank saw the same flag: all stop here
                     logger.info(f"{signals.received or 'stop signal (another rank)'} received: stopped at "
                                 f"step {self.step} with checkpoint {path}; rerun the same command to resume")

@@ -68,7 +68,19 @@ def test_mark_uses_interval_mean(monkeypatch):
     monkeypatch.setattr(metrics.time, "perf_counter", lambda: next(clock))
     meter = ThroughputMeter(1.0, 1.0, tokens_per_step=100)
     assert meter.mark(0) is None  # starts the clock
+    assert meter.interval_steps == 0
     assert meter.mark(4)["step_time_s"] == pytest.approx(0.5)  # 2 s over 4 steps
+    assert meter.interval_steps == 4
+
+
+def test_mark_restart_leaves_no_interval(monkeypatch):
+    clock = iter([0.0, 3.0, 7.0, 9.0])  # s
+    monkeypatch.setattr(metrics.time, "perf_counter", lambda: next(clock))
+    meter = ThroughputMeter(1.0, 1.0, tokens_per_step=100)
+    meter.mark(0)
+    assert meter.mark(3)["step_time_s"] == pytest.approx(1.0) and meter.interval_steps == 3
+    assert meter.mark(3) is None and meter.interval_steps == 0  # restart after an evaluation at step 3
+    assert meter.mark(5)["step_time_s"] == pytest.approx(1.0) and meter.interval_steps == 2  # eval time excluded
 
 
 @pytest.mark.parametrize("name,peak", [
