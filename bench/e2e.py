@@ -23,7 +23,9 @@ A setup may carry trainer overrides after colons, for an A/B in one run:
 optimizer step (the same tokens per step).
 Plain steps feed random tokens already on the GPU and time with CUDA events (median of steps after
 warm-up). One more step of each setup runs under torch.profiler for the attention share of GPU
-kernel time (training/profiling.py), outside the timed steps. Model TFLOP/s per the paper: (6·N + 12·L·d·s) FLOPs per token; causal-aware: 6·N + 6·L·d·s.
+kernel time (training/profiling.py), outside the timed steps, and its summed kernel time over the
+median step time is the "GPU busy" column: 100% minus it bounds what removing launch gaps (CUDA
+graphs) could give. Model TFLOP/s per the paper: (6·N + 12·L·d·s) FLOPs per token; causal-aware: 6·N + 6·L·d·s.
 """
 from __future__ import annotations
 
@@ -92,6 +94,7 @@ def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, micro
     with sdpa_kernel(getattr(SDPBackend, SDPA[backend])):
         _, shares = profile_call(one_step, torch.device("cuda"), trace_dir / f"{setup}.json")
     out["attn_share"], out["mm_share"] = shares["time_share_attention"], shares["time_share_matmul"]
+    out["kernel_s"] = shares["kernel_time_s"]
     return out  # model, optimizer and data are freed with this frame
 
 
@@ -124,7 +127,8 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
     power = {k: statistics.median(r[k] for r in timed if k in r)
              for k in ("gpu_sm_clock_mhz", "gpu_power_w", "gpu_j_per_token") if any(k in r for r in timed)}
     return {"step_s": statistics.median(times), "mem_gb": mem, "attention": backend,
-            "attn_share": shares["time_share_attention"], "mm_share": shares["time_share_matmul"], **power}
+            "attn_share": shares["time_share_attention"], "mm_share": shares["time_share_matmul"],
+            "kernel_s": shares.get("kernel_time_s"), **power}
 
 
 def main(argv=None) -> int:
@@ -194,17 +198,20 @@ def main(argv=None) -> int:
           + (f" (SM clock {gemm_clock:.0f} MHz: the board power limit)" if gemm_clock else ""))
     base = next((r[3] for r in rows if r[0] == "eager_cudnn"), None)
     print("| setup | attention | tokens/s | TFLOP/s (paper) | TFLOP/s (causal) | MFU vs peak | vs GEMM ceiling "
-          "(cold / sustained) | peak mem GB | GPU time: attention / matmul / other | SM MHz / W / mJ per token "
-          "| ratio vs eager_cudnn |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "(cold / sustained) | peak mem GB | GPU time: attention / matmul / other | GPU busy | SM MHz / W / mJ "
+          "per token | ratio vs eager_cudnn |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for setup, attn, tok_s, tf, tfc, mem, share, mm, r in rows:
         ratio = f"{tf / base:.3f}" if base else "-"
         mfu = f"{100 * tf * 1e12 / peak:.1f}%" if peak else "n/a"
         power = (f"{r['gpu_sm_clock_mhz']:.0f} / {r['gpu_power_w']:.0f} / {1e3 * r['gpu_j_per_token']:.1f}"
                  if "gpu_sm_clock_mhz" in r and "gpu_j_per_token" in r else "n/a")
+        # the profiled step's summed kernel time over the median unprofiled step time: the GPU's busy
+        # share (100% minus it bounds what removing launch gaps, e.g. with CUDA graphs, could give)
+        busy = f"{100 * r['kernel_s'] / r['step_s']:.1f}%" if r.get("kernel_s") else "n/a"
         print(f"| {setup} | {attn} | {tok_s / 1e3:.1f}k | {tf:.0f} | {tfc:.0f} | {mfu} | "
               f"{100 * tf * 1e12 / gemm:.1f}% / {100 * tf * 1e12 / gemm_capped:.1f}% | {mem:.1f} | "
-              f"{100 * share:.1f}% / {100 * mm:.1f}% / {100 * (1 - share - mm):.1f}% | {power} | {ratio} |")
+              f"{100 * share:.1f}% / {100 * mm:.1f}% / {100 * (1 - share - mm):.1f}% | {busy} | {power} | {ratio} |")
     return 0
 
 

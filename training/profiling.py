@@ -2,7 +2,9 @@
 
 `train.profile_step=N` runs optimizer step N under torch.profiler, writes a Chrome trace to
 <run_dir>/profile_step_N.json and the 30 costliest kernels to profile_step_N.top.txt (name, class,
-share of kernel time, calls), and logs the shares. Kernels (on CUDA) or operators (on CPU) are put
+share of kernel time, calls), and logs the shares and, on CUDA, the step's summed kernel time
+(`kernel_time_s`): against the step time of an unprofiled step it gives how busy the GPU is -- the
+most CUDA graphs could give back is the rest. Kernels (on CUDA) or operators (on CPU) are put
 in a class by name, which is a heuristic: attention = our kernels and SDPA's flash / cuDNN /
 memory-efficient kernels; matmul = cuBLAS / CUTLASS GEMM kernels (or aten::mm-like ops on CPU).
 """
@@ -59,8 +61,15 @@ def top_kernels(events, device_type: str, n: int = 30) -> str:
     return "share   class     calls   name\n" + "\n".join(lines) + "\n"
 
 
+def kernel_seconds(events) -> float:
+    """Summed device time of the CUDA kernels (and memsets / copies) among the events, in seconds."""
+    return sum(e.self_device_time_total for e in events
+               if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA) / 1e6
+
+
 def profile_call(fn: Callable, device: torch.device, trace: Path) -> Tuple[object, Dict[str, float]]:
-    """Run fn() under the profiler; return its result and the time shares. Writes a Chrome trace."""
+    """Run fn() under the profiler; return its result and the time shares (plus `kernel_time_s` on
+    CUDA). Writes a Chrome trace."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         result = fn()
@@ -70,4 +79,7 @@ def profile_call(fn: Callable, device: torch.device, trace: Path) -> Tuple[objec
     prof.export_chrome_trace(str(trace))
     events = prof.key_averages()
     trace.with_suffix(".top.txt").write_text(top_kernels(events, device.type))
-    return result, time_shares(events, device.type)
+    shares = time_shares(events, device.type)
+    if device.type == "cuda":
+        shares["kernel_time_s"] = kernel_seconds(events)
+    return result, shares

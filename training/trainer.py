@@ -229,7 +229,8 @@ class Trainer:
                                                           self.dist.device, trace)
                     values = {**values, **shares}
                     logger.info(f"profiled step {t.profile_step}: " + ", ".join(
-                        f"{k.removeprefix('time_share_')} {100 * v:.1f}%" for k, v in shares.items())
+                        f"{k.removeprefix('time_share_')} {100 * v:.1f}%" for k, v in shares.items()
+                        if k.startswith("time_share_"))
                         + f" of {'kernel' if self.dist.device.type == 'cuda' else 'operator'} time; "
                         f"trace {trace}")
                 else:
