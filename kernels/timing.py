@@ -60,7 +60,7 @@ def _spin_for(fns, queue_ahead: bool) -> float:
     """Spin length covering the host time of each of `fns` (2x the slowest of 3 calls + 0.2 ms)."""
     if not queue_ahead:
         return 0.0
-    return 2.0 * max(_host_ms(fn) for fn in fns for _ in range(3)) + 0.2
+    return 2.0 * max((_host_ms(fn) for fn in fns for _ in range(3)), default=0.0) + 0.2
 
 
 def time_ms(fn: Callable[[], object], reps: int, warmup: int = 3, queue_ahead: bool = True) -> float:
@@ -76,6 +76,8 @@ def balanced_order(names: list[str]) -> list[str]:
     exactly once: an Eulerian circuit over all n^2 ordered pairs (Hierholzer's algorithm), so each
     name appears n times per cycle."""
     n = len(names)
+    if n == 0:  # e.g. every candidate of a sweep row refused the shape
+        return []
     unused = {i: list(range(n)) for i in range(n)}  # pairs (i, j) not yet walked, self-pairs included
     stack, circuit = [0], []
     while stack:
@@ -85,7 +87,7 @@ def balanced_order(names: list[str]) -> list[str]:
         else:
             circuit.append(stack.pop())
     circuit.reverse()  # closed walk 0 ... 0 over all n^2 pairs; the last 0 closes the cycle
-    return [names[i] for i in circuit[:-1]] if n else []
+    return [names[i] for i in circuit[:-1]]
 
 
 def time_interleaved_ms(fns: Dict[str, Callable[[], object]], reps: int, warmup: int = 3,
@@ -116,7 +118,7 @@ def time_interleaved_ms(fns: Dict[str, Callable[[], object]], reps: int, warmup:
                 times[name] += [_call_ms(fn, spin) for _ in range(per_round)]
     else:
         order = balanced_order(list(fns))
-        per_cycle = len(fns)  # visits of each candidate per cycle
+        per_cycle = max(1, len(fns))  # visits of each candidate per cycle
         for _ in range(-(-reps // per_cycle)):
             for name in order:
                 times[name].append(_call_ms(fns[name], spin))

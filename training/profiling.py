@@ -30,7 +30,8 @@ def classify(name: str) -> str:
 
 
 def time_shares(events, device_type: str) -> Dict[str, float]:
-    """Shares of the step's kernel (CUDA) or top-level operator (CPU) self time, by class."""
+    """Shares of the step's kernel (CUDA) or top-level operator (CPU) self time, by class; on CUDA
+    also the summed kernel time in seconds (`kernel_time_s`)."""
     totals = {"attention": 0.0, "matmul": 0.0, "other": 0.0}
     for e in events:
         if device_type == "cuda":  # kernels only (operators would count their kernels twice)
@@ -42,7 +43,10 @@ def time_shares(events, device_type: str) -> Dict[str, float]:
         if t > 0:
             totals[classify(e.key)] += t
     whole = sum(totals.values()) or 1.0
-    return {f"time_share_{k}": v / whole for k, v in totals.items()}
+    shares = {f"time_share_{k}": v / whole for k, v in totals.items()}
+    if device_type == "cuda":
+        shares["kernel_time_s"] = sum(totals.values()) / 1e6  # self_device_time_total is in us
+    return shares
 
 
 def top_kernels(events, device_type: str, n: int = 30) -> str:
@@ -61,12 +65,6 @@ def top_kernels(events, device_type: str, n: int = 30) -> str:
     return "share   class     calls   name\n" + "\n".join(lines) + "\n"
 
 
-def kernel_seconds(events) -> float:
-    """Summed device time of the CUDA kernels (and memsets / copies) among the events, in seconds."""
-    return sum(e.self_device_time_total for e in events
-               if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA) / 1e6
-
-
 def profile_call(fn: Callable, device: torch.device, trace: Path) -> Tuple[object, Dict[str, float]]:
     """Run fn() under the profiler; return its result and the time shares (plus `kernel_time_s` on
     CUDA). Writes a Chrome trace."""
@@ -79,7 +77,4 @@ def profile_call(fn: Callable, device: torch.device, trace: Path) -> Tuple[objec
     prof.export_chrome_trace(str(trace))
     events = prof.key_averages()
     trace.with_suffix(".top.txt").write_text(top_kernels(events, device.type))
-    shares = time_shares(events, device.type)
-    if device.type == "cuda":
-        shares["kernel_time_s"] = kernel_seconds(events)
-    return result, shares
+    return result, time_shares(events, device.type)

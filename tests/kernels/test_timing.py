@@ -29,7 +29,7 @@ def test_fixed_order_alternates_candidates_in_passes(monkeypatch):
     assert order == ["a", "b"] + ["a", "a", "b", "b"] * 3  # warm-up, then 3 passes of 2 calls each
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7])
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 7])
 def test_balanced_order_puts_every_candidate_after_every_candidate_once(n):
     names = [f"c{i}" for i in range(n)]
     order = timing.balanced_order(names)
@@ -66,3 +66,9 @@ def test_spin_covers_the_slowest_host_time(monkeypatch, queue_ahead, expected_sp
         fns[name] = fn
     timing.time_interleaved_ms(fns, reps=4, warmup=1, queue_ahead=queue_ahead)
     assert spins == pytest.approx([expected_spin] * 8)  # 2 candidates x 4 calls (2 cycles of 2 visits)
+
+
+@pytest.mark.parametrize("fixed_order", [False, True])
+def test_no_candidates_time_nothing(monkeypatch, fixed_order):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    assert timing.time_interleaved_ms({}, reps=5, fixed_order=fixed_order) == {}  # every backend refused the shape
