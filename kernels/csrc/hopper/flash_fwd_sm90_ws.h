@@ -4,7 +4,7 @@
 //
 // Block: 1 + NC warpgroups (NC = 2 consumers at head dim 128: 384 threads; at head dim 64 3, 512
 // threads, v16). Under a causal mask each consumer warpgroup skips the key tiles its rows do not see
-// (v17). Warpgroup 0, the producer, gives its registers away (setmaxnreg 24) and one of its threads
+// (v17), and at head dim 128 runs its diagonal tile's products on 64 keys where its rows see no more (v20). Warpgroup 0, the producer, gives its registers away (setmaxnreg 24) and one of its threads
 // issues every TMA load: Q once per tile, then K_it and V_it for each key tile into a ring of kStages
 // buffers each. Warpgroups 1..NC, the consumers (setmaxnreg 240 / 160), own query rows 64 (w - 1) ..
 // 64 w - 1 of the 64 NC-row block and run the same per-tile steps as the cp.async kernel
@@ -326,6 +326,7 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
             take_turn();
             pass_turn();
         };
+        auto key_block = [&](int it) { return n_tiles - 1 - it; };  // from the causal diagonal down
         if constexpr (NC == 3 && !Is_causal) {
             if (fb.rows_left <= 64 * cw) {
                 // v19: none of this warpgroup's rows is in the sequence (the last block of a sequence
@@ -344,7 +345,6 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
                 continue;
             }
         }
-        auto key_block = [&](int it) { return n_tiles - 1 - it; };  // from the causal diagonal down
         const uint32_t q_base = sQ + qb * kQTile + cw * 64 * 128;
         FwdRowState<T, D> st;
         st.init();
@@ -364,22 +364,38 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
         // the products below run on every path (rows with no key come out as empty rows, as without
         // the skip; a warpgroup with no row in the sequence took the path above).
         int it0 = 0;
+        bool half0 = false;  // this warpgroup's first key tile: only its first 64 keys are seen (v20)
         if constexpr (Is_causal) {
             const int row_first = m_block * BM + cw * 64, last_key = min(row_first + 63, seq.sq - 1) + fb.causal_off;
             const int n_mine = row_first >= seq.sq || last_key < 0 ? 0 : last_key / BN + 1;
             it0 = max(0, n_tiles - max(1, n_mine));
+            // v20: on the causal diagonal a warpgroup's 64 rows often end before the key tile's 65th key
+            // (with 128-row blocks: the block's first warpgroup on every diagonal); its QK^T then runs
+            // at N = 64 and, when this is also its last tile, its PV on 64 keys: half the products of
+            // the step that opens each tile (diagonal first). Head dim 128 only: at 64 (every other
+            // warpgroup of the 192-row blocks) the half products save less than the boundary's second
+            // code path costs (harness: causal 1k -2 to -3%, 2k / 8k -1%; RESULTS v20).
+            if constexpr (D == 128) half0 = last_key < key_block(it0) * BN + 64;
         }
         for (int it = 0; it < it0; ++it) pass_tile(it);
         mbar_wait(k_full + 8 * slot(it0), full_parity(it0));
         FWD_CTA_TRACE(trace_cta && cw == 0 && n == 0, 1);  // CTA: 1 Q and K_0 landed
         FWD_TILE_TRACE(trace_tile, n, cw, 1, clock64());   // tile 1: first key tile landed (skipped ones passed)
         take_turn();
-        wgmma_fence();
-        issue_qk<T, D>(acc_s, q_base, sK + slot(it0) * kTile);
-        pass_turn();
-        FWD_TILE_TRACE(trace_tile, n, cw, 2, clock64());  // tile 2: first QK^T issued (turn taken)
-        free_staged_q();  // the previous tile's O store has long been read; its Q buffer can refill
-        wgmma_wait<0>();
+        if (half0) {
+            wgmma_fence();
+            issue_qk<T, D, 64>(acc_s, q_base, sK + slot(it0) * kTile);
+            pass_turn();
+            free_staged_q();
+            wgmma_wait<0>();
+        } else {
+            wgmma_fence();
+            issue_qk<T, D>(acc_s, q_base, sK + slot(it0) * kTile);
+            pass_turn();
+            FWD_TILE_TRACE(trace_tile, n, cw, 2, clock64());  // tile 2: first QK^T issued (turn taken)
+            free_staged_q();  // the previous tile's O store has long been read; its Q buffer can refill
+            wgmma_wait<0>();
+        }
         mbar_arrive_if(k_empty + 8 * slot(it0), release);
         softmax(it0);
         st.rescale_o_and_pack_p(acc_s, p);
@@ -413,10 +429,17 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
         mbar_wait(v_full + 8 * sl, full_parity(n_tiles - 1));
         FWD_TILE_TRACE(trace_tile, n, cw, 4, clock64());  // tile 4: steady steps done, last V landed
         take_turn();
-        wgmma_fence();
-        issue_pv<T, D>(st.acc_o, p, sV + sl * kTile);
-        pass_turn();
-        wgmma_wait<0>();
+        if (half0 && it0 == n_tiles - 1) {  // the diagonal tile was this warpgroup's only one
+            wgmma_fence();
+            issue_pv<T, D, 64>(st.acc_o, p, sV + sl * kTile);
+            pass_turn();
+            wgmma_wait<0>();
+        } else {
+            wgmma_fence();
+            issue_pv<T, D>(st.acc_o, p, sV + sl * kTile);
+            pass_turn();
+            wgmma_wait<0>();
+        }
         FWD_TILE_TRACE(trace_tile, n, cw, 5, clock64());  // tile 5: last PV landed
         mbar_arrive_if(v_empty + 8 * sl, release);
         kv += n_tiles;

@@ -15,25 +15,37 @@ namespace sm90 {
 
 // S (64 x 128) = Q K^T: SS wgmma, both K-major; q_base: this warpgroup's 64 rows of the swizzled Q
 // tile (R = 128 rows per atom column), k_base: the swizzled 128 x D K tile. Commits one group.
-template <typename T, int D>
+// kKeys = 64: only the tile's first 64 keys (v20), for a causal diagonal tile whose second half no
+// row of the warpgroup sees. The m64nNk16 accumulator keeps columns 8j + 2t + {0, 1} in s[4j .. 4j + 3],
+// so columns 0..63 are s[0..31] at N = 64 as at N = 128; s[32..63] keep stale values, which the
+// causal mask then sets to -inf (every one of those keys lies past every row's diagonal).
+template <typename T, int D, int kKeys = 128>
 __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_base, uint32_t k_base) {
+    static_assert(kKeys == 128 || kKeys == 64, "a full K tile or its first half");
     // One descriptor per operand, stepped by offsets; the bases opaque so they are not hoisted.
     const uint64_t dq = smem_desc_u18(opaque(q_base), 16, 1024), dk = smem_desc_u18(opaque(k_base), 16, 1024);
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
         const uint32_t off = (ks / 4) * 128 * 128 + (ks % 4) * 32;  // atom column, 32 B per k16
-        wgmma_m64n128k16_ss<T, 0, 0>(s, desc_at(dq, off), desc_at(dk, off), ks > 0);
+        if constexpr (kKeys == 128) {
+            wgmma_m64n128k16_ss<T, 0, 0>(s, desc_at(dq, off), desc_at(dk, off), ks > 0);
+        } else {
+            wgmma_m64n64k16_ss<T, 0, 0>(*reinterpret_cast<float(*)[32]>(&s[0]), desc_at(dq, off), desc_at(dk, off),
+                                        ks > 0);
+        }
     }
     wgmma_commit();
 }
 
 // O (64 x D) += P V: P from registers (8 k-steps of 16 keys), V (128 keys x D) MN-major (tnspB = 1).
+// kKeys = 64: the first 4 k-steps only (P is exactly 0 on the other 64 keys: see issue_qk).
 // Commits one group.
-template <typename T, int D>
+template <typename T, int D, int kKeys = 128>
 __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[8][4], uint32_t v_base) {
+    static_assert(kKeys == 128 || kKeys == 64, "a full V tile or its first half");
     const uint64_t dv = smem_desc_u18(opaque(v_base), 128 * 128, 1024);
 #pragma unroll
-    for (int kc = 0; kc < 8; ++kc) wgmma_rs_n<T, D, 1>(o, p[kc], desc_at(dv, kc * 16 * 128), true);
+    for (int kc = 0; kc < kKeys / 16; ++kc) wgmma_rs_n<T, D, 1>(o, p[kc], desc_at(dv, kc * 16 * 128), true);
     wgmma_commit();
 }
 
