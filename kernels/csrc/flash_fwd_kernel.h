@@ -82,6 +82,31 @@ struct FwdBlock {
         return f;
     }
 
+    // The block of `rows` query rows from row_start (>= 0, < seq.sq); rows_left = the rows of the block
+    // inside the sequence (<= rows). For blocks not laid out at multiples of one size (the Hopper
+    // forward's short-first layout, flash_fwd_sm90_ws.h).
+    template <bool Is_causal>
+    __device__ static FwdBlock make_rows(const Flash_fwd_params &p, const SeqInfo &seq, int b, int h, int row_start,
+                                         int rows, int block_n) {
+        FwdBlock f;
+        const int h_k = h / p.h_h_k_ratio;
+        f.rows_left = min(seq.sq - row_start, rows);
+        f.q = reinterpret_cast<const T *>(p.q_ptr) + seq.q_off(p, p.q_batch_stride, p.q_row_stride, p.q_head_stride, b, h) +
+              int64_t(row_start) * p.q_row_stride;
+        f.k = reinterpret_cast<const T *>(p.k_ptr) + seq.k_off(p, p.k_batch_stride, p.k_row_stride, p.k_head_stride, b, h_k);
+        f.v = reinterpret_cast<const T *>(p.v_ptr) + seq.k_off(p, p.v_batch_stride, p.v_row_stride, p.v_head_stride, b, h_k);
+        f.o = reinterpret_cast<T *>(p.o_ptr) + seq.q_off(p, p.o_batch_stride, p.o_row_stride, p.o_head_stride, b, h) +
+              int64_t(row_start) * p.o_row_stride;
+        f.lse = p.lse_ptr + seq.lse_off(p, b, h) + row_start;
+        f.causal_off = seq.sk - seq.sq;
+        f.n_block_max = cdiv(seq.sk, block_n);
+        if (Is_causal) {
+            const int last_key = row_start + f.rows_left - 1 + f.causal_off;  // of the block's last row
+            f.n_block_max = last_key < 0 ? 0 : min(f.n_block_max, last_key / block_n + 1);
+        }
+        return f;
+    }
+
     // Every row of the block sees no key (causal with sq > sk, or sk == 0): O = 0, LSE = +inf.
     __device__ void write_empty(const Flash_fwd_params &p, int block_m, int head_dim, int tid, int nthreads) const {
         uint16_t *o16 = reinterpret_cast<uint16_t *>(o);  // +0.0 is all-zero bits in bf16/fp16

@@ -4,7 +4,8 @@
 //
 // Block: 1 + NC warpgroups (NC = 2 consumers at head dim 128: 384 threads; at head dim 64 3, 512
 // threads, v16). Under a causal mask each consumer warpgroup skips the key tiles its rows do not see
-// (v17), and at head dim 128 runs its diagonal tile's products on 64 keys where its rows see no more (v20). Warpgroup 0, the producer, gives its registers away (setmaxnreg 24) and one of its threads
+// (v17), and at head dim 128 runs its diagonal tile's products on 64 keys where its rows see no more (v20);
+// at head dim 64 up to 2k rows the short block of a sequence comes first (v21, block_rows). Warpgroup 0, the producer, gives its registers away (setmaxnreg 24) and one of its threads
 // issues every TMA load: Q once per tile, then K_it and V_it for each key tile into a ring of kStages
 // buffers each. Warpgroups 1..NC, the consumers (setmaxnreg 240 / 160), own query rows 64 (w - 1) ..
 // 64 w - 1 of the 64 NC-row block and run the same per-tile steps as the cp.async kernel
@@ -113,6 +114,29 @@ __device__ __forceinline__ GridTile fwd_tile_at(const FwdTiles &tiles, int linea
     return GridTile{z * tiles.group + x, y, tiles.num_blocks};
 }
 
+// Where query block m of a sequence of sq rows starts, and its rows (.x, .y). Short_first (v21: head
+// dim 64 under a causal mask, 192-row blocks, launched so where the longest sequence has at most
+// kShortFirstMaxRows rows): block 0 holds the remainder r = sq - 192 (nb - 1) (1..192 rows), blocks
+// 1.. are full and the last ends at sq. With blocks at multiples of 192 the remainder was the last
+// block -- the heaviest under a causal mask, 4 or 8 key tiles at 512 / 1k -- where its idle
+// warpgroups still take a turn per key tile and the rows that are there wait for all of them; at the
+// front it is the lightest block. Per head the warpgroup steps are as many; the key tiles on the
+// blocks' critical paths fall from 9 to 8 at 512, 32 to 27 at 1k. Harness, three calls (RESULTS v21):
+// +1.3 to +2.2% at 512, +2.9 to +3.5% at 1k; 2k and 4k within the harness's spread (-2.5 to +1.8%);
+// 8k / 16k -1.2 / -1.7% in the first two calls (tensor bound there: the critical path counts for
+// little). So a separate instantiation, launched up to 2k rows, and longer sequences keep v20's
+// kernel, byte for byte.
+constexpr int kShortFirstMaxRows = 2048;
+template <int BM, bool Short_first>
+__device__ __forceinline__ int2 block_rows(int m_block, int sq) {
+    if constexpr (Short_first) {
+        const int r = sq - BM * (cdiv(sq, BM) - 1);
+        return m_block == 0 ? make_int2(0, r) : make_int2(r + (m_block - 1) * BM, BM);
+    } else {
+        return make_int2(m_block * BM, BM);
+    }
+}
+
 // NC consumer warpgroups, each owning 64 query rows of the block: two at head dim 128; at head dim 64
 // three (v16; the default everywhere since v17: fwd_warpgroups_hd64 in dispatch.h), where a
 // key tile's products take half as long as at 128 for the same softmax work, so two warpgroups'
@@ -135,12 +159,14 @@ constexpr int kWsBarrierOffset = kWsQBufs * kWsQTileBytes<D, NC> + 2 * kWsStages
 template <int D, int NC>
 constexpr int kWsSmemBytes = kWsBarrierOffset<D, NC> + (2 * kWsQBufs + 4 * kWsStages<D>) * 8 + kWsQBufs * 16;
 
-template <typename T, int D, int NC, bool Is_causal, bool Is_even, bool Pingpong>
+template <typename T, int D, int NC, bool Is_causal, bool Is_even, bool Pingpong, bool Short_first = false>
 __global__ void __launch_bounds__(kWsThreads<NC>, 1)
     flash_fwd_sm90_ws_kernel(const __grid_constant__ Flash_fwd_params params, const __grid_constant__ FwdTmaMaps maps,
                              const FwdTiles tiles) {
 #ifdef FLASHGPT_WGMMA_ENABLED
     constexpr int BM = kWsBM<NC>, BN = kWsBN, S = kWsStages<D>;
+    constexpr bool kShortFirst = Short_first;  // block layout: block_rows (v21)
+    static_assert(!Short_first || (NC == 3 && Is_causal), "the short-first layout is for 192-row causal blocks");
     constexpr int kTile = kWsTileBytes<D>, kQTile = kWsQTileBytes<D, NC>;
     constexpr int kAtomCols = D / 64;  // TMA boxes per tile (64 columns each)
     extern __shared__ __align__(1024) uint8_t smem[];
@@ -209,8 +235,15 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
                 const int m_block = tile.num_blocks - 1 - tile.block;  // heaviest (causal) first
                 const int b = tile.bh / params.h, h = tile.bh % params.h;
                 const SeqInfo seq(params, b);
-                const int n_tiles = m_block * BM >= seq.sq ? -1
-                    : FwdBlock<T>::template make<Is_causal>(params, seq, b, h, m_block, BM, BN).n_block_max;
+                const int2 rows = block_rows<BM, kShortFirst>(m_block, seq.sq);
+                int n_tiles;
+                if constexpr (kShortFirst) {
+                    n_tiles = m_block * BM >= seq.sq ? -1
+                        : FwdBlock<T>::template make_rows<Is_causal>(params, seq, b, h, rows.x, rows.y, BN).n_block_max;
+                } else {
+                    n_tiles = m_block * BM >= seq.sq ? -1
+                        : FwdBlock<T>::template make<Is_causal>(params, seq, b, h, m_block, BM, BN).n_block_max;
+                }
                 tile_info[4 * qb] = m_block;
                 tile_info[4 * qb + 1] = b;
                 tile_info[4 * qb + 2] = h;
@@ -219,7 +252,7 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
                     mbar_arrive_if(q_full + 8 * qb, true);  // nothing to load: the consumers skip or write empty rows
                 } else {
                     const int batch = varlen ? 0 : b, h_k = h / params.h_h_k_ratio;
-                    const int q_row = (varlen ? seq.q_start : 0) + m_block * BM, k_row = varlen ? seq.k_start : 0;
+                    const int q_row = (varlen ? seq.q_start : 0) + rows.x, k_row = varlen ? seq.k_start : 0;
                     mbar_arrive_expect_tx(q_full + 8 * qb, kQTile);
 #pragma unroll
                     for (int c = 0; c < kAtomCols; ++c)
@@ -299,7 +332,14 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
             free_q_now(qb);
             continue;
         }
-        const FwdBlock<T> fb = FwdBlock<T>::template make<Is_causal>(params, seq, b, h, m_block, BM, BN);
+        const int2 rows = block_rows<BM, kShortFirst>(m_block, seq.sq);
+        const int row_start = rows.x;  // the block's first row
+        FwdBlock<T> fb;
+        if constexpr (kShortFirst) {
+            fb = FwdBlock<T>::template make_rows<Is_causal>(params, seq, b, h, row_start, rows.y, BN);
+        } else {
+            fb = FwdBlock<T>::template make<Is_causal>(params, seq, b, h, m_block, BM, BN);
+        }
         const int n_tiles = fb.n_block_max;
         if (n_tiles <= 0) {
             fb.write_empty(params, BM, D, tid - 128, 128 * NC);
@@ -352,7 +392,7 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
         uint32_t p[8][4];  // P_{it-1} as A fragments
 
         auto softmax = [&](int it) {
-            st.template softmax<Is_causal, Is_even>(acc_s, key_block(it), m_block * BM + row0, seq.sk, fb.causal_off,
+            st.template softmax<Is_causal, Is_even>(acc_s, key_block(it), row_start + row0, seq.sk, fb.causal_off,
                                                     params.scale_softmax_log2, g, t);
         };
 
@@ -366,8 +406,9 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
         int it0 = 0;
         bool half0 = false;  // this warpgroup's first key tile: only its first 64 keys are seen (v20)
         if constexpr (Is_causal) {
-            const int row_first = m_block * BM + cw * 64, last_key = min(row_first + 63, seq.sq - 1) + fb.causal_off;
-            const int n_mine = row_first >= seq.sq || last_key < 0 ? 0 : last_key / BN + 1;
+            const int row_end = kShortFirst ? row_start + fb.rows_left : seq.sq;  // past the block's last row
+            const int row_first = row_start + cw * 64, last_key = min(row_first + 63, row_end - 1) + fb.causal_off;
+            const int n_mine = row_first >= row_end || last_key < 0 ? 0 : last_key / BN + 1;
             it0 = max(0, n_tiles - max(1, n_mine));
             // v20: on the causal diagonal a warpgroup's 64 rows often end before the key tile's 65th key
             // (with 128-row blocks: the block's first warpgroup on every diagonal); its QK^T then runs
@@ -455,7 +496,7 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
             fence_async_smem();                // generic-proxy writes -> visible to the TMA
             named_barrier_sync(2 + NC + cw, 128);  // the warpgroup's 64 rows are in (barriers after the turns')
             if (leader) {
-                const int q_row = (varlen ? seq.q_start : 0) + m_block * BM + cw * 64;
+                const int q_row = (varlen ? seq.q_start : 0) + row_start + cw * 64;
 #pragma unroll
                 for (int c = 0; c < kAtomCols; ++c)
                     tma_store_4d(&maps.o, sQ + qb * kQTile + c * BM * 128 + cw * 64 * 128, c * 64, q_row, h,
@@ -516,11 +557,22 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
     const bool is_even = !varlen && params.seqlen_k % kWsBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
         BOOL_SWITCH(pingpong_forward(), Pingpong, [&] {
-            auto kernel = &flash_fwd_sm90_ws_kernel<T, D, NC, Is_causal, Is_even, Pingpong>;
-            FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                  kWsSmemBytes<D, NC>));
-            kernel<<<ctas, kWsThreads<NC>, kWsSmemBytes<D, NC>, stream>>>(params, maps, tiles);
-            FLASH_KERNEL_LAUNCH_CHECK();
+            auto launch = [&](auto short_first) {
+                auto kernel = &flash_fwd_sm90_ws_kernel<T, D, NC, Is_causal, Is_even, Pingpong, decltype(short_first)::value>;
+                FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      kWsSmemBytes<D, NC>));
+                kernel<<<ctas, kWsThreads<NC>, kWsSmemBytes<D, NC>, stream>>>(params, maps, tiles);
+                FLASH_KERNEL_LAUNCH_CHECK();
+            };
+            // v21: the short-first block layout (block_rows) where every sequence has at most
+            // kShortFirstMaxRows rows (varlen: seqlen_q is the longest); otherwise v20's kernel.
+            if constexpr (NC == 3 && Is_causal) {
+                if (params.seqlen_q <= kShortFirstMaxRows) {
+                    launch(std::true_type{});
+                    return;
+                }
+            }
+            launch(std::false_type{});
         });
     });
     return true;
