@@ -111,7 +111,7 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     fill_fwd_params(params, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                     softmax_scale, causal);
     at::Tensor tile_counter;  // the persistent TMA forward's work counter (the launcher zeroes it); else none
-    if (fwd_needs_tile_counter(params.d, causal, params.seqlen_k)) {
+    if (fwd_needs_tile_counter(params.d, causal, params.seqlen_k, params.cu_seqlens_q != nullptr)) {
         tile_counter = at::empty({1}, q.options().dtype(at::kInt));
         params.tile_counter = tile_counter.data_ptr<int>();
     }

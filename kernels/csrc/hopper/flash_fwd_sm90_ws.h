@@ -102,7 +102,10 @@ struct FwdTmaMaps {
 // grid_order.h's grid (group, num_blocks, bh / group), x fastest. CTA i starts with tile i; with a
 // counter (persistent launch, one CTA per SM) each CTA then takes tile gridDim.x + atomicAdd(counter, 1)
 // until the list is done -- the same list schedule as a launch of num_tiles CTAs, without a CTA's
-// start-up and epilogue between tiles. Without one (counter == nullptr) every CTA runs one tile.
+// start-up and epilogue between tiles. Without one (counter == nullptr) every CTA runs one tile --
+// except the Strided kernels (v22: head dim 128 without a causal mask or packed sequences, where all
+// tiles are equal), whose CTA i, one per SM, takes tiles i, i + gridDim.x, ...: no counter to zero
+// before the launch and no atomic between tiles.
 struct FwdTiles {
     int group, num_blocks, num_tiles;
     int *counter;  // zeroed before the launch; nullptr: one tile per CTA
@@ -159,7 +162,8 @@ constexpr int kWsBarrierOffset = kWsQBufs * kWsQTileBytes<D, NC> + 2 * kWsStages
 template <int D, int NC>
 constexpr int kWsSmemBytes = kWsBarrierOffset<D, NC> + (2 * kWsQBufs + 4 * kWsStages<D>) * 8 + kWsQBufs * 16;
 
-template <typename T, int D, int NC, bool Is_causal, bool Is_even, bool Pingpong, bool Short_first = false>
+template <typename T, int D, int NC, bool Is_causal, bool Is_even, bool Pingpong, bool Short_first = false,
+          bool Strided = false>
 __global__ void __launch_bounds__(kWsThreads<NC>, 1)
     flash_fwd_sm90_ws_kernel(const __grid_constant__ Flash_fwd_params params, const __grid_constant__ FwdTmaMaps maps,
                              const FwdTiles tiles) {
@@ -167,6 +171,7 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
     constexpr int BM = kWsBM<NC>, BN = kWsBN, S = kWsStages<D>;
     constexpr bool kShortFirst = Short_first;  // block layout: block_rows (v21)
     static_assert(!Short_first || (NC == 3 && Is_causal), "the short-first layout is for 192-row causal blocks");
+    static_assert(!Strided || (D == 128 && !Is_causal), "the strided schedule is for equal tiles (FwdTiles)");
     constexpr int kTile = kWsTileBytes<D>, kQTile = kWsQTileBytes<D, NC>;
     constexpr int kAtomCols = D / 64;  // TMA boxes per tile (64 columns each)
     extern __shared__ __align__(1024) uint8_t smem[];
@@ -274,7 +279,11 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
                         }
                     }
                 }
-                linear = tiles.counter != nullptr ? int(gridDim.x) + atomicAdd(tiles.counter, 1) : tiles.num_tiles;
+                if constexpr (Strided) {
+                    linear += int(gridDim.x);
+                } else {
+                    linear = tiles.counter != nullptr ? int(gridDim.x) + atomicAdd(tiles.counter, 1) : tiles.num_tiles;
+                }
             }
         }
         return;
@@ -547,7 +556,10 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
     const dim3 order = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM<NC>), /*default_group=*/2);
     FwdTiles tiles{int(order.x), int(order.y), int(order.x * order.y * order.z), nullptr};
     int ctas = tiles.num_tiles;
-    if (params.tile_counter != nullptr && persistent_forward()) {  // one CTA per SM walks the list
+    const bool strided = strided_forward<D>(Is_causal, varlen);  // v22 (FwdTiles)
+    if (strided) {
+        ctas = std::min(ctas, sm_count());
+    } else if (params.tile_counter != nullptr && persistent_forward()) {  // one CTA per SM walks the list
         ctas = std::min(ctas, sm_count());
         tiles.counter = params.tile_counter;
         FLASH_CHECK_CUDA(cudaMemsetAsync(tiles.counter, 0, sizeof(int), stream));
@@ -557,8 +569,9 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
     const bool is_even = !varlen && params.seqlen_k % kWsBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
         BOOL_SWITCH(pingpong_forward(), Pingpong, [&] {
-            auto launch = [&](auto short_first) {
-                auto kernel = &flash_fwd_sm90_ws_kernel<T, D, NC, Is_causal, Is_even, Pingpong, decltype(short_first)::value>;
+            auto launch = [&](auto short_first, auto strided_tag) {
+                auto kernel = &flash_fwd_sm90_ws_kernel<T, D, NC, Is_causal, Is_even, Pingpong,
+                                                        decltype(short_first)::value, decltype(strided_tag)::value>;
                 FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                       kWsSmemBytes<D, NC>));
                 kernel<<<ctas, kWsThreads<NC>, kWsSmemBytes<D, NC>, stream>>>(params, maps, tiles);
@@ -568,11 +581,17 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
             // kShortFirstMaxRows rows (varlen: seqlen_q is the longest); otherwise v20's kernel.
             if constexpr (NC == 3 && Is_causal) {
                 if (params.seqlen_q <= kShortFirstMaxRows) {
-                    launch(std::true_type{});
+                    launch(std::true_type{}, std::false_type{});
                     return;
                 }
             }
-            launch(std::false_type{});
+            if constexpr (D == 128 && !Is_causal) {
+                if (strided) {
+                    launch(std::false_type{}, std::true_type{});
+                    return;
+                }
+            }
+            launch(std::false_type{}, std::false_type{});
         });
     });
     return true;
