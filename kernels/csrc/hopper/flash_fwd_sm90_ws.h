@@ -4,8 +4,9 @@
 //
 // Block: 1 + NC warpgroups (NC = 2 consumers at head dim 128: 384 threads; at head dim 64 3, 512
 // threads, v16). Under a causal mask each consumer warpgroup skips the key tiles its rows do not see
-// (v17), and at head dim 128 runs its diagonal tile's products on 64 keys where its rows see no more (v20);
-// at head dim 64 up to 2k rows the short block of a sequence comes first (v21, block_rows). Warpgroup 0, the producer, gives its registers away (setmaxnreg 24) and one of its threads
+// (v17), and at head dim 128 runs its diagonal tile's products on 64 keys where its rows see no more
+// (v20); at head dim 64, up to 2k rows, a sequence's short block comes first (v21, block_rows).
+// Warpgroup 0, the producer, gives its registers away (setmaxnreg 24) and one of its threads
 // issues every TMA load: Q once per tile, then K_it and V_it for each key tile into a ring of kStages
 // buffers each. Warpgroups 1..NC, the consumers (setmaxnreg 240 / 160), own query rows 64 (w - 1) ..
 // 64 w - 1 of the 64 NC-row block and run the same per-tile steps as the cp.async kernel
@@ -118,7 +119,7 @@ __device__ __forceinline__ GridTile fwd_tile_at(const FwdTiles &tiles, int linea
 }
 
 // Where query block m of a sequence of sq rows starts, and its rows (.x, .y). Short_first (v21: head
-// dim 64 under a causal mask, 192-row blocks, launched so where the longest sequence has at most
+// dim 64 under a causal mask, 192-row blocks, launched where the longest sequence has at most
 // kShortFirstMaxRows rows): block 0 holds the remainder r = sq - 192 (nb - 1) (1..192 rows), blocks
 // 1.. are full and the last ends at sq. With blocks at multiples of 192 the remainder was the last
 // block -- the heaviest under a causal mask, 4 or 8 key tiles at 512 / 1k -- where its idle
