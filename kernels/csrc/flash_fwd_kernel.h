@@ -84,7 +84,8 @@ struct FwdBlock {
 
     // The block of `rows` query rows from row_start (>= 0, < seq.sq); rows_left = the rows of the block
     // inside the sequence (<= rows). For blocks not laid out at multiples of one size (the Hopper
-    // forward's short-first layout, flash_fwd_sm90_ws.h).
+    // forward's short-first layout, flash_fwd_sm90_ws.h). make's arithmetic with a free first row; make
+    // is not rewritten on top of it because that changed the SASS of every kernel that uses make.
     template <bool Is_causal>
     __device__ static FwdBlock make_rows(const Flash_fwd_params &p, const SeqInfo &seq, int b, int h, int row_start,
                                          int rows, int block_n) {

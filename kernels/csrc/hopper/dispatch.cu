@@ -35,5 +35,5 @@ int sm90_choice(int pass, int head_dim, bool causal, int bucket) { return slot(p
 
 bool fwd_needs_tile_counter(int head_dim, bool causal, int seqlen_k, bool varlen) {
     return flash::sm90::use(flash::sm90::kFwd, head_dim, causal, seqlen_k) && flash::sm90::ws_kernels() &&
-           flash::sm90::persistent_forward() && !(head_dim == 128 && flash::sm90::strided_forward<128>(causal, varlen));
+           flash::sm90::persistent_forward() && !flash::sm90::strided_forward(head_dim, causal, varlen);
 }

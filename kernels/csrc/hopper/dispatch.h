@@ -60,9 +60,8 @@ inline bool persistent_forward() {
 // whose last block is cheaper since v19 (the counter's list schedule balances it: -5% there, session
 // 12), nor under a causal mask. FLASHGPT_SM90_FWD_COUNTER=1 keeps the counter (read on every call;
 // kernels/bench.py --compare-counter).
-template <int D>
-inline bool strided_forward(bool causal, bool varlen) {
-    return D == 128 && !causal && !varlen && persistent_forward() && !env_is("FLASHGPT_SM90_FWD_COUNTER", "1");
+inline bool strided_forward(int head_dim, bool causal, bool varlen) {
+    return head_dim == 128 && !causal && !varlen && persistent_forward() && !env_is("FLASHGPT_SM90_FWD_COUNTER", "1");
 }
 
 // Consumer warpgroups of the head-dim-64 TMA forward: 3 (192-row query blocks, v16) or 2 (128 rows).

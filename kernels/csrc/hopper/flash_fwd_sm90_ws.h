@@ -425,8 +425,9 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
             // at N = 64 and, when this is also its last tile, its PV on 64 keys: half the products of
             // the step that opens each tile (diagonal first). Head dim 128 only: at 64 (every other
             // warpgroup of the 192-row blocks) the half products save less than the boundary's second
-            // code path costs (harness: causal 1k -2 to -3%, 2k / 8k -1%; RESULTS v20).
-            if constexpr (D == 128) half0 = last_key < key_block(it0) * BN + 64;
+            // code path costs (harness: causal 1k -2 to -3%, 2k / 8k -1%; RESULTS v20). And only with the
+            // pingpong: without it (FLASHGPT_SM90_PINGPONG=0) ptxas serialised the kernel's wgmmas (C7511).
+            if constexpr (D == 128 && Pingpong) half0 = last_key < key_block(it0) * BN + 64;
         }
         for (int it = 0; it < it0; ++it) pass_tile(it);
         mbar_wait(k_full + 8 * slot(it0), full_parity(it0));
@@ -557,7 +558,7 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
     const dim3 order = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM<NC>), /*default_group=*/2);
     FwdTiles tiles{int(order.x), int(order.y), int(order.x * order.y * order.z), nullptr};
     int ctas = tiles.num_tiles;
-    const bool strided = strided_forward<D>(Is_causal, varlen);  // v22 (FwdTiles)
+    const bool strided = strided_forward(D, Is_causal, varlen);  // v22 (FwdTiles)
     if (strided) {
         ctas = std::min(ctas, sm_count());
     } else if (params.tile_counter != nullptr && persistent_forward()) {  // one CTA per SM walks the list
