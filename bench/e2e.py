@@ -9,6 +9,7 @@ Setups:
                  clipping, fused AdamW, logging, metrics) with the config's attention (auto: our
                  kernels on CUDA); its figure is read back from the run's metrics.jsonl, i.e. the
                  number users see in W&B
+                 and the config's MLP (auto: GELU in cuBLASLt's GEMM epilogues on CUDA, model/mlp.py)
   ours_flash     the same with model.attention=flash (our kernels, forced)
   ours_sdpa      the same with model.attention=sdpa (PyTorch SDPA: cuDNN on H100)
   ours_compile, ours_flash_compile, ours_sdpa_compile
@@ -18,7 +19,7 @@ Setups:
   compile_flash  torch.compile(model) with SDPA flash
   compile_cudnn  torch.compile(model) with SDPA cuDNN
 A setup may carry trainer overrides after colons, for an A/B in one run:
-  ours_compile:engine.weight_cache=disabled
+  ours_compile:engine.weight_cache=disabled   ours_compile:model.mlp=torch
 --micro-batch B runs every setup with B sequences per forward and accum / B micro-batches per
 optimizer step (the same tokens per step).
 Plain steps feed random tokens already on the GPU and time with CUDA events (median of steps after
@@ -55,7 +56,7 @@ def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, micro
 
     mode, backend = setup.split("_")
     mcfg = cfg.model
-    mcfg.attention, mcfg.fused_loss = "sdpa", False
+    mcfg.attention, mcfg.fused_loss, mcfg.mlp = "sdpa", False, "torch"  # plain: SDPA, nn.Linear + F.gelu
     torch.manual_seed(0)
     model = GPT(mcfg, device=torch.device("cuda")).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
@@ -119,7 +120,7 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
     last = warmup + steps + 1
     times = [r["step_time_s"] for r in records if r.get("step_time_s") and warmup < r["step"] < last]
     shares = next(r for r in records if r["step"] == last and "time_share_attention" in r)
-    backend = trainer.engine.model.attention_backend
+    backend = f"{trainer.engine.model.attention_backend}, mlp {getattr(trainer.engine.model, 'mlp_impl', 'torch')}"
     del trainer
     torch.cuda.empty_cache()
     mem = max(r.get("mem_max_alloc_gb") or 0.0 for r in records)  # the trainer resets the peak per log

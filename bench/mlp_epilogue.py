@@ -6,12 +6,17 @@ kernels), its six GEMMs alone, and the first projection + GELU as inductor runs 
 a GELU kernel) against cuBLASLt's GELU epilogue (torch._addmm_activation). Per kernel GPU times of
 the compiled f+b come from the profiler. CUDA events, 5 warm-up calls, median of 20.
 
+Since session 14 it also times the MLP with the GELU in cuBLASLt's epilogues (kernels/gelu_mlp.py).
+
     python bench/mlp_epilogue.py [--tokens 24576] [--d-model 2048]
+    FLASHGPT_MLP_BWD=dgelu python bench/mlp_epilogue.py    # another backward (kernels/gelu_mlp.py)
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -82,19 +87,29 @@ def main() -> None:
         return torch._addmm_activation(b1, x, w1.t(), use_gelu=True)
 
     compiled_fc1_gelu = torch.compile(fc1_then_gelu)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from kernels.gelu_mlp import gelu_mlp  # noqa: E402  (session 14: the epilogues built)
+
+    fused = torch.compile(gelu_mlp)
     rows = [("compiled MLP forward + backward", time_ms(fwd_bwd(compiled))),
+            ("compiled MLP f+b, GELU in cuBLASLt's epilogues (kernels.gelu_mlp, model.mlp=fused)",
+             time_ms(fwd_bwd(fused))),
+            ("compiled MLP forward + backward, again (order check)", time_ms(fwd_bwd(compiled))),
+            ("eager MLP f+b, GELU in the epilogues", time_ms(fwd_bwd(gelu_mlp))),
             ("eager MLP forward + backward", time_ms(fwd_bwd(mlp))),
             ("its 6 GEMMs alone", time_ms(gemms)),
             ("fc1 + GELU, compiled (bias GEMM, Triton GELU)", time_ms(compiled_fc1_gelu)),
             ("fc1 + GELU in cuBLASLt's epilogue (_addmm_activation)", time_ms(fc1_epilogue_gelu))]
 
     from torch.profiler import ProfilerActivity, profile
-    run = fwd_bwd(compiled)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            run()
-        torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+    for name, fn in (("compiled plain MLP", compiled), ("compiled GELU-epilogue MLP", fused)):
+        run = fwd_bwd(fn)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                run()
+            torch.cuda.synchronize()
+        print(f"{name}, 3 forward + backward:")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {m} tokens x d {d} -> {h} -> {d}, bf16")
     print("| what | ms (median of 20) |")
     print("|---|---|")

@@ -40,9 +40,31 @@ _error: str | None = None
 
 
 def sources() -> list[Path]:
-    """The binding, the pre/post-pass kernels, the Hopper sources and every generated instantiation."""
+    """The binding, the pre/post-pass kernels, the Hopper sources, every generated instantiation and
+    the GELU MLP's cuBLASLt calls and backward kernel (csrc/mlp)."""
     inst = sorted((CSRC / "instantiations").glob("*.cu"))
-    return [CSRC / "flash_api.cpp", CSRC / "flash_bwd_pre_post.cu", *sorted((CSRC / "hopper").glob("*.cu")), *inst]
+    return [CSRC / "flash_api.cpp", CSRC / "flash_bwd_pre_post.cu", *sorted((CSRC / "hopper").glob("*.cu")), *inst,
+            *sorted((CSRC / "mlp").glob("*.cpp")), *sorted((CSRC / "mlp").glob("*.cu"))]
+
+
+def cublaslt_ldflags() -> list[str]:
+    """Linker flags for cuBLASLt (csrc/mlp): the copy torch's CUDA wheel depends on
+    (site-packages/nvidia/*/lib, the one torch loads at import), else the toolkit's. Empty when
+    neither is found: torch has then loaded it globally itself and the symbols resolve at import."""
+    import importlib.util
+
+    dirs = []
+    spec = importlib.util.find_spec("nvidia")
+    if spec is not None and spec.submodule_search_locations:
+        for root in spec.submodule_search_locations:
+            dirs += sorted(Path(root).glob("*/lib"))
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    dirs.append(Path(cuda_home) / "lib64")
+    for d in dirs:
+        libs = sorted(d.glob("libcublasLt.so*"))
+        if libs:
+            return [f"-L{d}", f"-l:{libs[0].name}", f"-Wl,-rpath,{d}"]
+    return []
 
 
 def source_hash() -> str:
@@ -111,6 +133,7 @@ def load_extension(verbose: bool = False) -> ModuleType:
                 extra_cflags=CXX_FLAGS,
                 extra_cuda_cflags=NVCC_FLAGS + hopper,
                 extra_include_paths=[str(CSRC)],
+                extra_ldflags=cublaslt_ldflags(),
                 build_directory=str(out),
                 verbose=verbose,
             )

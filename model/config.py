@@ -25,6 +25,7 @@ class GPTConfig:
     dropout: float = 0.0  # on attention output and MLP output
     init_std: float = 0.02  # std of weights; residual projections scaled by 1/sqrt(2·n_layer)
     attention: str = "auto"  # auto | flash (our kernel) | sdpa | reference
+    mlp: str = "auto"  # auto | fused (GELU in cuBLASLt's GEMM epilogues, CUDA) | torch (model/mlp.py)
     fused_loss: bool = True  # head + cross-entropy in row chunks, never holding full fp32 logits
 
     @property

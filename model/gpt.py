@@ -15,22 +15,10 @@ import torch.nn.functional as F
 from model.attention import CausalSelfAttention, resolve_backend
 from model.config import GPTConfig
 from model.loss import fused_linear_cross_entropy
+from model.mlp import MLP, resolve_mlp
 from model.rope import rope_cache
 
 log = logging.getLogger(__name__)
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        hidden = cfg.mlp_ratio * cfg.d_model
-        self.fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
-        self.proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
-        self.proj.is_residual_out = True
-        self.dropout = nn.Dropout(cfg.dropout)
-
-    def forward(self, x):  # (B, T, d) -> (B, T, d)
-        return self.dropout(self.proj(F.gelu(self.fc(x), approximate="tanh")))
 
 
 class LMHead(nn.Linear):
@@ -49,12 +37,12 @@ class LMHead(nn.Linear):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig, backend: str):
+    def __init__(self, cfg: GPTConfig, backend: str, mlp_impl: str = "torch"):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg, backend)
         self.ln2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, mlp_impl)
 
     def forward(self, x, rope=None, cu_seqlens=None, max_seqlen=None):
         x = x + self.attn(self.ln1(x), rope, cu_seqlens, max_seqlen)
@@ -64,19 +52,22 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig, device: Optional[torch.device] = None,
                  attention_dtype: torch.dtype = torch.bfloat16):
-        """`device` and `attention_dtype` (what attention computes in: the autocast dtype, or
-        float32) only decide the attention backend (auto: our kernel on CUDA in bf16/fp16); build on
-        meta or CPU and move as usual."""
+        """`device` and `attention_dtype` (what attention and the MLP compute in: the autocast
+        dtype, or float32) only decide the attention backend and the MLP's implementation (auto:
+        our kernels on CUDA in bf16/fp16); build on meta or CPU and move as usual."""
         super().__init__()
         self.cfg = cfg
         backend_device = torch.device(device) if device is not None else torch.device("cpu")
         self.attention_backend, reason = resolve_backend(cfg.attention, backend_device, cfg.head_dim,
                                                          attention_dtype)
         log.info("attention backend: %s (%s)", self.attention_backend, reason)
+        self.mlp_impl, reason = resolve_mlp(cfg.mlp, backend_device, attention_dtype, cfg.d_model,
+                                            cfg.mlp_ratio * cfg.d_model)
+        log.info("MLP: %s (%s)", self.mlp_impl, reason)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.pos_emb == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, self.attention_backend) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, self.attention_backend, self.mlp_impl) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
         self.lm_head = LMHead(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied input/output embedding

@@ -189,6 +189,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"pos_emb=rope needs an even head_dim, got {head_dim}")
     _choice(m.pos_emb, ("learned", "rope"), "model.pos_emb")
     _choice(m.attention, ("auto", "flash", "sdpa", "reference"), "model.attention")
+    _choice(m.mlp, ("auto", "fused", "torch"), "model.mlp")
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
     _choice(cfg.data.format, ("auto", "text", "json", "parquet"), "data.format")

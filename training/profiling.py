@@ -6,7 +6,8 @@ share of kernel time, calls), and logs the shares and, on CUDA, the step's summe
 (`kernel_time_s`): against the step time of an unprofiled step it gives how busy the GPU is -- the
 most CUDA graphs could give back is the rest. Kernels (on CUDA) or operators (on CPU) are put
 in a class by name, which is a heuristic: attention = our kernels and SDPA's flash / cuDNN /
-memory-efficient kernels; matmul = cuBLAS / CUTLASS GEMM kernels (or aten::mm-like ops on CPU).
+memory-efficient kernels; matmul = cuBLAS / CUTLASS GEMM kernels (or aten::mm-like ops on CPU), a
+GEMM with the GELU in its epilogue included; our MLP's GELU-backward kernel is "other".
 """
 from __future__ import annotations
 
@@ -19,9 +20,13 @@ from torch.profiler import ProfilerActivity, profile
 
 ATTENTION = re.compile(r"flash|fmha|sdpa|attention|attn|flashgpt", re.I)
 MATMUL = re.compile(r"gemm|cutlass|nvjet|xmma|cublas|aten::(mm|addmm|bmm|matmul|linear)\b", re.I)
+# Our kernels that are not attention although their names say flashgpt (the MLP's GELU backward).
+NOT_ATTENTION = re.compile(r"gelu_backward", re.I)
 
 
 def classify(name: str) -> str:
+    if NOT_ATTENTION.search(name):
+        return "other"
     if ATTENTION.search(name):
         return "attention"
     if MATMUL.search(name):

@@ -273,6 +273,8 @@ std::vector<at::Tensor> wgmma_probe(const at::Tensor &a, const at::Tensor &b, co
 
 }  // namespace
 
+void register_gelu_mlp(pybind11::module_ &m);  // mlp/gelu_mlp_api.cpp: the cuBLASLt GELU-epilogue GEMMs
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "flashgpt FlashAttention-2 kernels (forward, backward)";
     m.def("fwd", &mha_fwd, "FlashAttention-2 forward: returns [out, lse]");
@@ -284,4 +286,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "pass 0/1, head dim 64/128, causal, seqlen bucket 0-3, choice -1 default / 0 FA2 / 1 Hopper");
     m.def("sm90_choice", &sm90_choice, "the Hopper dispatch choice of a shape class (-1 = default)");
     m.def("seqlen_bucket", &seqlen_bucket, "seqlen_k -> the dispatch bucket 0-3");
+    register_gelu_mlp(m);
 }

@@ -1,6 +1,7 @@
 """The GPT on CUDA with our kernel (model.attention=flash) against SDPA: same weights, same loss and
 gradients within bf16 rounding; document boundaries through the varlen kernel; torch.compile with
-fullgraph=True traces the model with our op. Skipped without CUDA."""
+fullgraph=True traces the model with our op; the fused GELU MLP against the torch one. Skipped without
+CUDA."""
 import copy
 
 import pytest
@@ -78,3 +79,24 @@ def test_compile_fullgraph_with_our_op():
     assert abs(l_e.item() - l_c.item()) < 1e-2
     for name, g in g_e.items():
         assert rel(g_c[name], g) < 3e-2, name
+
+
+def test_fused_mlp_model_matches_torch_mlp():
+    """model.mlp=fused (GELU in cuBLASLt's epilogues; what auto picks on CUDA) against nn.Linear + F.gelu."""
+    from model.mlp import resolve_mlp
+
+    cuda = torch.device("cuda")
+    assert resolve_mlp("auto", cuda)[0] == "fused"
+    cfg = GPTConfig(n_layer=2, d_model=256, n_head=2, vocab_size=512, seq_len=384)
+    torch.manual_seed(0)
+    plain = GPT(GPTConfig(**{**cfg.__dict__, "mlp": "torch"}), device=cuda).cuda()
+    fused = GPT(GPTConfig(**{**cfg.__dict__, "mlp": "fused"}), device=cuda).cuda()
+    fused.load_state_dict(plain.state_dict())
+    assert fused.mlp_impl == "fused" and plain.mlp_impl == "torch"
+    idx = torch.randint(0, 512, (2, 301), device="cuda")
+    tgt = torch.randint(0, 512, (2, 301), device="cuda")
+    l_ref, g_ref = loss_and_grads(plain, idx, tgt)
+    l_ours, g_ours = loss_and_grads(fused, idx, tgt)
+    assert abs(l_ref.item() - l_ours.item()) < 1e-2
+    for name, g in g_ref.items():
+        assert rel(g_ours[name], g) < 3e-2, name

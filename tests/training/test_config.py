@@ -45,6 +45,7 @@ def test_paper_shapes():
     (["model.n_kv_head=3"], "n_kv_head"),
     (["model.pos_emb=alibi"], "model.pos_emb"),
     (["model.attention=xformers"], "model.attention"),
+    (["model.mlp=swiglu"], "model.mlp"),
     (["train.global_batch_size=10", "train.micro_batch_size=4"], "global_batch_size"),
     (["train.max_steps=0"], "max_steps"),
     (["optim.min_lr=1.0"], "min_lr"),

@@ -20,6 +20,8 @@ from training.profiling import classify
     ("aten::mm", "matmul"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>", "other"),
     ("aten::layer_norm", "other"),
+    ("nvjet_sm90_tst_192x128_64x5_1x2_h_bz_coopA_geluauxbias_TNN", "matmul"),  # the MLP's fused GELU
+    ("void flashgpt::(anonymous namespace)::gelu_backward_bias_kernel<__nv_bfloat162>(...)", "other"),
 ])
 def test_classify(name, cls):
     assert classify(name) == cls

@@ -1,0 +1,166 @@
+"""The transformer MLP, y = gelu_tanh(x w1^T + b1) w2^T + b2, with the GELU in cuBLASLt's GEMM epilogue.
+
+What it saves against the plain (even compiled) MLP: element-wise memory passes around the GELU
+(bench/mlp_epilogue.py; at 1.3B-8k micro-batch 3 the plain MLP's are 0.83 of its 7.7 ms forward +
+backward per layer on an H100):
+  forward   one GEMM writes both the GELU input `pre` (kept for the backward) and its output `g`
+            (cuBLASLt's GELU_AUX_BIAS epilogue), instead of a bias GEMM and a GELU kernel;
+  backward  one kernel (csrc/mlp/gelu_backward.cu) writes dpre = dg * gelu'(pre) and sums b1's
+            gradient on the way, instead of a GELU-backward kernel and a reduction reading dpre again.
+            (cuBLASLt's DGELU_BGRAD / BGRADB epilogues would fold these into the GEMMs, but on an H100
+            its picks ran them as separate kernels, slower than these: kernels/NOTES.md, session 14.)
+What the backward keeps is the same as the compiled plain MLP's: x, pre and g (g for w2's gradient).
+
+Ops (torch.library.custom_op, fake kernels for torch.compile, autograd registered):
+    flashgpt::gelu_mlp(x (M, d), w1 (h, d), b1 (h)?, w2 (d, h), b2 (d)?) -> (y (M, d), pre, g (M, h))
+    flashgpt::gelu_backward_bias(dg (M, h), pre (M, h)) -> (dpre (M, h), partial (R, h) fp32)
+The backward's products (dg, dx, dw1, dw2) and b2's gradient are ordinary torch ops, which
+torch.compile traces as it does for the plain MLP.
+
+Supported: CUDA, bf16 or fp16 (under autocast the inputs are cast to its dtype, as F.linear's are),
+d and h multiples of 8, contiguous weights. `gelu_mlp` falls back to the plain torch MLP elsewhere;
+`gelu_mlp_supported` says why not.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _ext():
+    from .build import load_extension  # lazily: importing never builds
+
+    return load_extension()
+
+
+def reference_mlp(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor]) -> Tensor:
+    """The plain MLP (model/gpt.py's): what gelu_mlp computes, in torch ops."""
+    return F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2)
+
+
+def _forward(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor]):
+    """(y, pre, g) through the binding: one GELU-epilogue GEMM, then the second projection."""
+    if not x.is_cuda:
+        raise ValueError(f"flashgpt.gelu_mlp: x is on {x.device}; the fused MLP runs on CUDA only")
+    g, pre = _ext().linear_gelu(x, w1, b1)
+    y = torch.addmm(b2, g, w2.t()) if b2 is not None else torch.mm(g, w2.t())
+    return y, pre, g
+
+
+def _backward_with(gelu_backward_bias, saved, has_b1: bool, has_b2: bool, dy: Tensor):
+    """Gradients of (x, w1, b1, w2, b2); `gelu_backward_bias` is the op (traced by torch.compile) or
+    the binding (eager)."""
+    x, w1, w2, pre, g = saved
+    dy = dy.contiguous()
+    dpre, partial = gelu_backward_bias(dy @ w2, pre)  # (M, d) (d, h) -> (M, h); partial (R, h) fp32
+    db1 = partial.sum(0).to(dpre.dtype) if has_b1 else None
+    dx = dpre @ w1                  # (M, h) (h, d) -> (M, d)
+    dw1 = dpre.t() @ x              # (h, M) (M, d) -> (h, d)
+    dw2 = dy.t() @ g                # (d, M) (M, h) -> (d, h)
+    db2 = dy.sum(0) if has_b2 else None
+    return dx, dw1, db1, dw2, db2
+
+
+@torch.library.custom_op("flashgpt::gelu_mlp", mutates_args=())
+def _gelu_mlp_op(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor,
+                 b2: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    return _forward(x, w1, b1, w2, b2)
+
+
+@_gelu_mlp_op.register_fake
+def _(x, w1, b1, w2, b2):
+    m, h = x.shape[0], w1.shape[0]
+    return x.new_empty(m, w2.shape[0]), x.new_empty(m, h), x.new_empty(m, h)
+
+
+@torch.library.custom_op("flashgpt::gelu_backward_bias", mutates_args=())
+def _gelu_backward_bias_op(dg: Tensor, pre: Tensor) -> tuple[Tensor, Tensor]:
+    dpre, partial = _ext().gelu_backward_bias(dg, pre)
+    return dpre, partial
+
+
+def _row_groups(rows: int, cols: int) -> int:
+    """Rows of gelu_backward_bias's partial sums (csrc/mlp/gelu_backward.cu's row groups)."""
+    col_blocks = -(-cols // 1024)
+    return max(1, min(rows, -(-1024 // col_blocks)))
+
+
+@_gelu_backward_bias_op.register_fake
+def _(dg, pre):
+    return torch.empty_like(dg), dg.new_empty(_row_groups(dg.shape[0], dg.shape[1]), dg.shape[1],
+                                              dtype=torch.float32)
+
+
+def _setup_context(ctx, inputs, output):
+    x, w1, b1, w2, b2 = inputs
+    _, pre, g = output
+    ctx.save_for_backward(x, w1, w2, pre, g)
+    ctx.has_b1, ctx.has_b2 = b1 is not None, b2 is not None
+    ctx.mark_non_differentiable(pre, g)
+
+
+def _backward(ctx, dy, dpre_out, dg_out):
+    # dpre_out / dg_out are None: pre and g are saved intermediates, not differentiable outputs.
+    return _backward_with(_gelu_backward_bias_op, ctx.saved_tensors, ctx.has_b1, ctx.has_b2, dy)
+
+
+_gelu_mlp_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerGeluMLP(torch.autograd.Function):
+    """The same forward and backward calling the binding directly: what eager mode runs (a custom
+    op's Python dispatch costs tens of microseconds per call; see kernels/flash_attn.py)."""
+
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2):
+        y, pre, g = _forward(x, w1, b1, w2, b2)
+        ctx.save_for_backward(x, w1, w2, pre, g)
+        ctx.has_b1, ctx.has_b2 = b1 is not None, b2 is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _backward_with(_ext().gelu_backward_bias, ctx.saved_tensors, ctx.has_b1, ctx.has_b2, dy)
+
+
+def gelu_mlp_supported(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor]) -> str:
+    """'' if gelu_mlp runs the fused op on these tensors (after autocast's cast), else why not."""
+    tensors = [t for t in (x, w1, b1, w2, b2) if t is not None]
+    if not all(t.is_cuda for t in tensors):
+        return "the GELU-epilogue MLP needs CUDA tensors"
+    dtype = _compute_dtype(x)
+    if dtype not in _DTYPES:
+        return f"the GELU-epilogue MLP computes in bf16 or fp16, not {dtype}"
+    d, h = x.shape[-1], w1.shape[0]
+    if d % 8 or h % 8:
+        return f"d_model ({d}) and the MLP hidden size ({h}) must be multiples of 8"
+    if w1.shape != (h, d) or w2.shape != (d, h):
+        return f"weights of shape {tuple(w1.shape)} and {tuple(w2.shape)} do not match x's {d} features"
+    return ""
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    if torch.is_autocast_enabled("cuda") and x.is_cuda:
+        return torch.get_autocast_dtype("cuda")
+    return x.dtype
+
+
+def gelu_mlp(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor]) -> Tensor:
+    """gelu_tanh(x w1^T + b1) w2^T + b2 for x (..., d), w1 (h, d), w2 (d, h): the fused op on CUDA in
+    bf16 / fp16 (autocast's dtype when it is on), the plain torch MLP otherwise."""
+    if gelu_mlp_supported(x, w1, b1, w2, b2):
+        return reference_mlp(x, w1, b1, w2, b2)
+    dtype = _compute_dtype(x)
+    lead = x.shape[:-1]
+    args = [t.to(dtype).contiguous() if t is not None else None
+            for t in (x.reshape(-1, x.shape[-1]), w1, b1, w2, b2)]
+    if torch.compiler.is_compiling():
+        y = _gelu_mlp_op(*args)[0]
+    else:
+        y = _EagerGeluMLP.apply(*args)
+    return y.view(*lead, y.shape[-1])
