@@ -136,6 +136,12 @@ def _merge(schema: DictConfig, other: Any, what: str) -> DictConfig:
                           f"training/config.py") from None
 
 
+def zero3_partitions_modules(cfg: "Config") -> bool:
+    """DeepSpeed ZeRO-3: parameters exist only inside their own module's forward (so model.mlp=auto
+    means the torch MLP there, see training/trainer.py)."""
+    return cfg.engine.type == "deepspeed" and cfg.engine.zero_stage == 3
+
+
 def load_config(name: Optional[str] = None, overrides: Optional[List[str]] = None) -> Config:
     """Schema <- base.yaml <- NAME.yaml <- overrides; validated; returned as a typed Config."""
     cfg = OmegaConf.structured(Config)
@@ -218,6 +224,10 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"engine.bucket_mb={cfg.engine.bucket_mb} must be positive")
     if cfg.engine.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"engine.zero_stage={cfg.engine.zero_stage} must be 0, 1, 2 or 3")
+    if zero3_partitions_modules(cfg) and m.mlp == "fused":
+        raise ConfigError("model.mlp=fused cannot run under DeepSpeed ZeRO-3 (it gathers a module's weights "
+                          "only around that module's own forward, which the fused MLP does not call); use "
+                          "model.mlp=auto (the torch MLP there) or torch")
     _choice(cfg.logging.wandb, ("offline", "online", "disabled"), "logging.wandb")
     _choice(t.device, ("auto", "cpu", "cuda"), "train.device")
     _choice(t.dtype, ("auto", "bf16", "fp32"), "train.dtype")

@@ -6,6 +6,7 @@ optimizer step (train.nonfinite=skip|stop); SIGTERM/SIGINT stop every rank at th
 with a checkpoint; auto-resume falls back past damaged checkpoints (training/checkpoint.py)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Optional, Tuple
@@ -17,7 +18,7 @@ from data.prepare import prepare
 from model.gpt import GPT
 from training import faults
 from training.checkpoint import CheckpointError, Checkpointer, rng_state, set_rng_state
-from training.config import Config, grad_accum_steps, save_resolved, to_dict
+from training.config import Config, grad_accum_steps, save_resolved, to_dict, zero3_partitions_modules
 from training.distributed import DistInfo
 from training.engine import TorchEngine, autocast_dtype, build_engine
 from training.logging import RunLogger
@@ -75,7 +76,10 @@ class Trainer:
                                       seed=t.seed, num_workers=0, **common)
         torch.manual_seed(t.seed)  # identical initial weights on every rank
         attention_dtype = autocast_dtype(cfg, dist.device) or torch.float32
-        model = GPT(cfg.model, device=dist.device, attention_dtype=attention_dtype)
+        model_cfg = cfg.model
+        if zero3_partitions_modules(cfg) and model_cfg.mlp == "auto":  # the fused MLP reads fc / proj
+            model_cfg = dataclasses.replace(model_cfg, mlp="torch")  # weights ZeRO-3 has not gathered
+        model = GPT(model_cfg, device=dist.device, attention_dtype=attention_dtype)
         engine = build_engine(model, cfg, dist)
         torch.manual_seed(t.seed + 1000 * dist.rank)  # per-rank stream for dropout
         meta = {"tokenizer_hash": prepared.tokenizer_hash, "vocab_size": prepared.vocab_size,

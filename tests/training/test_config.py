@@ -46,6 +46,7 @@ def test_paper_shapes():
     (["model.pos_emb=alibi"], "model.pos_emb"),
     (["model.attention=xformers"], "model.attention"),
     (["model.mlp=swiglu"], "model.mlp"),
+    (["model.mlp=fused", "engine.type=deepspeed", "engine.zero_stage=3"], "ZeRO-3"),
     (["train.global_batch_size=10", "train.micro_batch_size=4"], "global_batch_size"),
     (["train.max_steps=0"], "max_steps"),
     (["optim.min_lr=1.0"], "min_lr"),
@@ -98,3 +99,13 @@ def test_fused_accepts_the_words_it_lists(word, want):
     assert load_config("tiny_cpu.yaml", [f"optim.fused={word}"]).optim.fused == want
     with pytest.raises(ConfigError, match="optim.fused"):
         load_config("tiny_cpu.yaml", ["optim.fused=sometimes"])
+
+
+def test_zero3_is_where_modules_own_their_weights_only():
+    """Under DeepSpeed ZeRO-3 model.mlp=auto builds the torch MLP (training/trainer.py): the fused MLP
+    reads fc / proj weights without calling those modules, whose weights ZeRO-3 gathers."""
+    from training.config import zero3_partitions_modules
+
+    assert zero3_partitions_modules(load_config("tiny_cpu.yaml", ["engine.type=deepspeed", "engine.zero_stage=3"]))
+    assert not zero3_partitions_modules(load_config("tiny_cpu.yaml", ["engine.type=deepspeed", "engine.zero_stage=2"]))
+    assert not zero3_partitions_modules(load_config("tiny_cpu.yaml", ["engine.zero_stage=3"]))  # torch engine
