@@ -43,16 +43,20 @@ def rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
+def assert_same_loss_and_grads(ref, ours, idx, tgt, **kw):
+    l_ref, g_ref = loss_and_grads(ref, idx, tgt, **kw)
+    l_ours, g_ours = loss_and_grads(ours, idx, tgt, **kw)
+    assert abs(l_ref.item() - l_ours.item()) < 1e-2
+    for name, g in g_ref.items():
+        assert rel(g_ours[name], g) < 3e-2, name
+
+
 @pytest.mark.parametrize("kw", [{}, {"n_kv_head": 1}, {"pos_emb": "rope"}])
 def test_flash_model_matches_sdpa(kw):
     ref, ours = pair(**kw)
     idx = torch.randint(0, 512, (2, 301), device="cuda")  # odd length, not a tile multiple
     tgt = torch.randint(0, 512, (2, 301), device="cuda")
-    l_ref, g_ref = loss_and_grads(ref, idx, tgt)
-    l_ours, g_ours = loss_and_grads(ours, idx, tgt)
-    assert abs(l_ref.item() - l_ours.item()) < 1e-2
-    for name, g in g_ref.items():
-        assert rel(g_ours[name], g) < 3e-2, name
+    assert_same_loss_and_grads(ref, ours, idx, tgt)
 
 
 def test_flash_model_document_boundaries_match_sdpa_mask():
@@ -60,11 +64,7 @@ def test_flash_model_document_boundaries_match_sdpa_mask():
     idx = torch.randint(0, 512, (2, 384), device="cuda")
     tgt = torch.randint(0, 512, (2, 384), device="cuda")
     cu = torch.tensor([0, 100, 384, 500, 768], dtype=torch.int32, device="cuda")
-    l_ref, g_ref = loss_and_grads(ref, idx, tgt, cu_seqlens=cu, max_seqlen=284)
-    l_ours, g_ours = loss_and_grads(ours, idx, tgt, cu_seqlens=cu, max_seqlen=284)
-    assert abs(l_ref.item() - l_ours.item()) < 1e-2
-    for name, g in g_ref.items():
-        assert rel(g_ours[name], g) < 3e-2, name
+    assert_same_loss_and_grads(ref, ours, idx, tgt, cu_seqlens=cu, max_seqlen=284)
 
 
 def test_compile_fullgraph_with_our_op():
@@ -95,8 +95,4 @@ def test_fused_mlp_model_matches_torch_mlp():
     assert fused.mlp_impl == "fused" and plain.mlp_impl == "torch"
     idx = torch.randint(0, 512, (2, 301), device="cuda")
     tgt = torch.randint(0, 512, (2, 301), device="cuda")
-    l_ref, g_ref = loss_and_grads(plain, idx, tgt)
-    l_ours, g_ours = loss_and_grads(fused, idx, tgt)
-    assert abs(l_ref.item() - l_ours.item()) < 1e-2
-    for name, g in g_ref.items():
-        assert rel(g_ours[name], g) < 3e-2, name
+    assert_same_loss_and_grads(plain, fused, idx, tgt)
