@@ -44,7 +44,10 @@ int main(int argc, char **argv) {
     Flash_fwd_params p{};
     p.q_ptr = q; p.k_ptr = k; p.v_ptr = v; p.o_ptr = o; p.lse_ptr = lse;
     set_dense_params(p, b, s, h, d, causal);
-    if (persistent) CK(cudaMalloc(&p.tile_counter, sizeof(int)));  // zeroed by the launcher per run
+    if (persistent) {  // zero once: every launch leaves it zero (v24)
+        CK(cudaMalloc(&p.tile_counter, 2 * sizeof(int)));
+        CK(cudaMemset(p.tile_counter, 0, 2 * sizeof(int)));
+    }
 #ifdef FLASHGPT_FWD_TRACE
     CK(cudaMemcpyToSymbol(flash::sm90::g_fwd_trace_block, &traced, sizeof(int)));
 #endif

@@ -14,7 +14,7 @@ Error column: max |ours - fp32 reference| of the forward output on batch 0, head
     python -m kernels.bench [--reps 30] [--hdims 64 128] [--seqlens 512 1024 ...] [--json out.json]
                             [--compare-fa2] [--compare-cpasync] [--compare-nopingpong]
                             [--compare-headmajor] [--compare-fa2bwd] [--compare-directstore]
-                            [--compare-nopersist] [--compare-fwd2wg] [--compare-fwd3wg] [--compare-counter] [--only-ours]
+                            [--compare-nopersist] [--compare-fwd2wg] [--compare-fwd3wg] [--compare-counter] [--compare-memset] [--only-ours]
                             [--call-time] [--fixed-order]
 """
 from __future__ import annotations
@@ -47,7 +47,8 @@ VARIANTS = {"fa2": ("FLASHGPT_SM90", "0"),                 # the FA2 (mma.sync) 
             "nopersist": ("FLASHGPT_SM90_PERSISTENT", "0"),  # TMA forward with one CTA per tile (to v14)
             "fwd2wg": ("FLASHGPT_SM90_FWD_WARPGROUPS", "2"),  # head-dim-64 TMA forward with 2 consumer warpgroups (to v15)
             "fwd3wg": ("FLASHGPT_SM90_FWD_WARPGROUPS", "3"),  # ... with 3 everywhere
-            "counter": ("FLASHGPT_SM90_FWD_COUNTER", "1")}  # head dim 128 non-causal forward on the tile counter (to v21)
+            "counter": ("FLASHGPT_SM90_FWD_COUNTER", "1"),  # head dim 128 non-causal forward on the tile counter (to v21)
+            "memset": ("FLASHGPT_SM90_FWD_MEMSET", "1")}  # the tile counter zeroed by a memset before each launch (to v23)
 
 
 @contextlib.contextmanager
@@ -196,6 +197,9 @@ def main() -> None:
     ap.add_argument("--compare-counter", action="store_true",
                     help="also time the head-dim-128 non-causal TMA forward taking tiles from the counter "
                          "instead of a fixed stride (FLASHGPT_SM90_FWD_COUNTER=1)")
+    ap.add_argument("--compare-memset", action="store_true",
+                    help="also time the persistent TMA forward with its tile counter zeroed by a memset before "
+                         "each launch, as before v24 (FLASHGPT_SM90_FWD_MEMSET=1)")
     ap.add_argument("--call-time", action="store_true",
                     help="time synchronised eager calls, host launch time included (the sweeps of sessions 1-8) "
                          "instead of the GPU time of calls the host has already queued")

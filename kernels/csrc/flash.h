@@ -39,8 +39,9 @@ struct Flash_fwd_params {
     float scale_softmax;       // softmax scale (usually 1/sqrt(d_original))
     float scale_softmax_log2;  // scale * log2(e): exp(x*scale) = exp2(x*scale_log2)
     bool is_causal;            // bottom-right aligned causal mask
-    int *tile_counter;         // forward: one int of scratch for the persistent Hopper kernel's work
-                               // list (zeroed by its launcher), or nullptr: one CTA per tile
+    int *tile_counter;         // forward: two ints for the persistent Hopper kernel's work list, zero
+                               // at launch and left zero by the kernel (one pair per stream, v24), or
+                               // nullptr: one CTA per tile
 };
 
 struct Flash_bwd_params : public Flash_fwd_params {

@@ -11,6 +11,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "flash.h"
 #include "hopper/dq_tiles.h"
@@ -28,6 +31,22 @@ void poison(at::Tensor &t) {
 
 // cp.async moves 16-byte chunks: the last dim must be contiguous, the other strides multiples
 // of 8 elements and the base 16-byte aligned. Anything else is copied to a contiguous tensor.
+// The persistent Hopper forward's work counter pair for one (device, stream): zeroed once here, on the
+// stream, and left zero by every launch (the kernel's last CTA resets it, v24) -- no memset per call.
+// One pair per stream because launches on one stream never overlap; never freed (8 bytes a stream).
+int *stream_tile_counter(int device, cudaStream_t stream) {
+    static std::mutex mutex;
+    static auto *pairs = new std::map<std::pair<int, cudaStream_t>, int *>();  // leaked: no teardown order
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = pairs->find({device, stream});
+    if (it != pairs->end()) return it->second;
+    int *pair = nullptr;
+    C10_CUDA_CHECK(cudaMalloc(&pair, 2 * sizeof(int)));
+    C10_CUDA_CHECK(cudaMemsetAsync(pair, 0, 2 * sizeof(int), stream));
+    pairs->emplace(std::make_pair(device, stream), pair);
+    return pair;
+}
+
 at::Tensor aligned(const at::Tensor &t) {
     bool ok = t.stride(-1) == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
     for (int i = 0; i < t.dim() - 1; ++i) ok = ok && (t.stride(i) % 8 == 0 || t.size(i) == 1);
@@ -110,12 +129,18 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     Flash_fwd_params params;
     fill_fwd_params(params, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                     softmax_scale, causal);
-    at::Tensor tile_counter;  // the persistent TMA forward's work counter (the launcher zeroes it); else none
-    if (fwd_needs_tile_counter(params.d, causal, params.seqlen_k, params.cu_seqlens_q != nullptr)) {
-        tile_counter = at::empty({1}, q.options().dtype(at::kInt));
-        params.tile_counter = tile_counter.data_ptr<int>();
-    }
     cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+    at::Tensor captured_counter;  // while a CUDA graph is captured: a zeroed pair per call, in the graph
+    if (fwd_needs_tile_counter(params.d, causal, params.seqlen_k, params.cu_seqlens_q != nullptr)) {
+        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+        C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+        if (capture == cudaStreamCaptureStatusNone) {
+            params.tile_counter = stream_tile_counter(q.get_device(), stream);  // the persistent forward's
+        } else {
+            captured_counter = at::zeros({2}, q.options().dtype(at::kInt));
+            params.tile_counter = captured_counter.data_ptr<int>();
+        }
+    }
     FP16_SWITCH(q.scalar_type() == at::kBFloat16, [&] {
         HEADDIM_SWITCH(params.d, [&] {
             BOOL_SWITCH(causal, Is_causal, [&] { run_mha_fwd_<elem_type, kHeadDim, Is_causal>(params, stream); });

@@ -102,14 +102,17 @@ struct FwdTmaMaps {
 // The work list: tile L (0 <= L < num_tiles) is (batch * head, query block) in the launch order of
 // grid_order.h's grid (group, num_blocks, bh / group), x fastest. CTA i starts with tile i; with a
 // counter (persistent launch, one CTA per SM) each CTA then takes tile gridDim.x + atomicAdd(counter, 1)
-// until the list is done -- the same list schedule as a launch of num_tiles CTAs, without a CTA's
+// until the list is done (exactly num_tiles fetches per launch: each CTA's last one fails) -- the same list schedule as a launch of num_tiles CTAs, without a CTA's
 // start-up and epilogue between tiles. Without one (counter == nullptr) every CTA runs one tile --
 // except the Strided kernels (v22: head dim 128 without a causal mask or packed sequences, where all
 // tiles are equal), whose CTA i, one per SM, takes tiles i, i + gridDim.x, ...: no counter to zero
 // before the launch and no atomic between tiles.
 struct FwdTiles {
     int group, num_blocks, num_tiles;
-    int *counter;  // zeroed before the launch; nullptr: one tile per CTA
+    // [0] the next tile - gridDim.x, [1] CTAs past the list; both zero at launch, and the last CTA past
+    // the list sets them back to zero (v24), so one pair serves every launch on a stream.
+    // nullptr: one tile per CTA.
+    int *counter;
 };
 
 __device__ __forceinline__ GridTile fwd_tile_at(const FwdTiles &tiles, int linear) {
@@ -235,6 +238,19 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
                 if (linear >= tiles.num_tiles) {
                     tile_info[4 * qb] = -1;
                     mbar_arrive_if(q_full + 8 * qb, true);
+                    if constexpr (!Strided) {
+                        // v24: the last CTA past the list puts the counter back to zero for the next
+                        // launch on this stream (no memset before each launch). This CTA's last fetch
+                        // is done (its value was read above); every other CTA's too once the count of
+                        // CTAs past the list reaches gridDim.x.
+                        if (tiles.counter != nullptr) {
+                            __threadfence();
+                            if (atomicAdd(tiles.counter + 1, 1) == int(gridDim.x) - 1) {
+                                atomicExch(tiles.counter, 0);
+                                atomicExch(tiles.counter + 1, 0);
+                            }
+                        }
+                    }
                     break;
                 }
                 const GridTile tile = fwd_tile_at(tiles, linear);
@@ -563,8 +579,9 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
         ctas = std::min(ctas, sm_count());
     } else if (params.tile_counter != nullptr && persistent_forward()) {  // one CTA per SM walks the list
         ctas = std::min(ctas, sm_count());
-        tiles.counter = params.tile_counter;
-        FLASH_CHECK_CUDA(cudaMemsetAsync(tiles.counter, 0, sizeof(int), stream));
+        tiles.counter = params.tile_counter;  // zero, as every launch leaves it (v24)
+        if (env_is("FLASHGPT_SM90_FWD_MEMSET", "1"))  // A/B only (kernels.bench --compare-memset): pre-v24
+            FLASH_CHECK_CUDA(cudaMemsetAsync(tiles.counter, 0, 2 * sizeof(int), stream));
     }
     // Is_even: no key tile runs past the keys (only the softmax's key mask reads it; rows past seqlen_q
     // are zero-filled by the TMA and never stored, so seqlen_q need not be a multiple of BM).
