@@ -124,7 +124,9 @@ std::string run(cublasLtHandle_t handle, const Matmul &mm, void *workspace, size
         // DGELU_BGRAD pick ran the epilogue as a second kernel): time each candidate once, on the
         // real buffers (the call below overwrites what they write), and keep the fastest.
         int pick = 0;
-        if (found > 1 && autotune_enabled()) {
+        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+        cudaStreamIsCapturing(stream, &capture);  // no timing (it synchronises) inside a CUDA graph capture
+        if (found > 1 && autotune_enabled() && capture == cudaStreamCaptureStatusNone) {
             cudaEvent_t start, stop;
             cudaEventCreate(&start);
             cudaEventCreate(&stop);

@@ -38,7 +38,8 @@ struct Matmul {
 
 // Runs `mm` on `stream` with the given workspace. On a problem's first call (shape, layout, epilogue,
 // pointer alignment) the heuristic's candidates are timed on the real buffers and the fastest is
-// cached (FLASHGPT_LT_AUTOTUNE=0: the heuristic's first pick, untimed). Returns "" on success, else
+// cached (FLASHGPT_LT_AUTOTUNE=0, or a first call inside a CUDA graph capture: the heuristic's first
+// pick, untimed). Returns "" on success, else
 // what failed.
 std::string run(cublasLtHandle_t handle, const Matmul &mm, void *workspace, size_t workspace_bytes,
                 cudaStream_t stream);
