@@ -37,7 +37,7 @@ def time_ms(fn, reps: int = 20, warmup: int = 5) -> float:
     return statistics.median(times)
 
 
-def mlp(x, w1, b1, w2, b2):  # model/gpt.py's MLP: (M, d) -> (M, d)
+def mlp(x, w1, b1, w2, b2):  # model/mlp.py's torch MLP: (M, d) -> (M, d)
     return F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2)
 
 

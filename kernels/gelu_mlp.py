@@ -39,7 +39,7 @@ def _ext():
 
 
 def reference_mlp(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor]) -> Tensor:
-    """The plain MLP (model/gpt.py's): what gelu_mlp computes, in torch ops."""
+    """The plain MLP (model/mlp.py's torch implementation): what gelu_mlp computes, in torch ops."""
     return F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2)
 
 
