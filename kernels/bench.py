@@ -35,26 +35,36 @@ from kernels.timing import time_interleaved_ms
 TOKENS, D_MODEL = 16384, 2048
 
 
-# Variants of our kernels timed beside the default dispatch: name -> (environment variable, value)
-# that selects it (read on every launch: hopper/dispatch.h, grid_order.h).
-VARIANTS = {"fa2": ("FLASHGPT_SM90", "0"),                 # the FA2 (mma.sync) kernels everywhere
-            "cpasync": ("FLASHGPT_SM90_WS", "0"),          # the cp.async wgmma kernels instead of the TMA ones
-            "nopingpong": ("FLASHGPT_SM90_PINGPONG", "0"),  # TMA forward without the warpgroup pingpong
-            "headmajor": ("FLASHGPT_GRID_ORDER", "head"),   # grids in head-major order (sessions 1-4)
-            "group1": ("FLASHGPT_GRID_GROUP", "1"),         # plain block-major launch order (sessions 5-6)
-            "fa2bwd": ("FLASHGPT_SM90_BWD", "0"),           # the Hopper forward with the FA2 backward
-            "directstore": ("FLASHGPT_SM90_TMA_STORE", "0"),  # TMA kernels storing O / dK / dV from registers (to v13)
-            "nopersist": ("FLASHGPT_SM90_PERSISTENT", "0"),  # TMA forward with one CTA per tile (to v14)
-            "fwd2wg": ("FLASHGPT_SM90_FWD_WARPGROUPS", "2"),  # head-dim-64 TMA forward with 2 consumer warpgroups (to v15)
-            "fwd3wg": ("FLASHGPT_SM90_FWD_WARPGROUPS", "3"),  # ... with 3 everywhere
-            "counter": ("FLASHGPT_SM90_FWD_COUNTER", "1"),  # head dim 128 non-causal forward on the tile counter (to v21)
-            "memset": ("FLASHGPT_SM90_FWD_MEMSET", "1")}  # the tile counter zeroed by a memset before each launch (to v23)
+# Variants of our kernels timed beside the default dispatch: name -> (environment variable, value that
+# selects it, what it is). Read on every launch (hopper/dispatch.h, grid_order.h); each gives a
+# --compare-<name> flag.
+VARIANTS = {
+    "fa2": ("FLASHGPT_SM90", "0", "our FA2 path where the Hopper kernels would run"),
+    "cpasync": ("FLASHGPT_SM90_WS", "0", "the cp.async wgmma kernels instead of the TMA ones"),
+    "nopingpong": ("FLASHGPT_SM90_PINGPONG", "0", "the TMA forward without pingpong"),
+    "headmajor": ("FLASHGPT_GRID_ORDER", "head", "our kernels on head-major grids (sessions 1-4)"),
+    "group1": ("FLASHGPT_GRID_GROUP", "1", "our kernels in plain block-major launch order (sessions 5-6)"),
+    "fa2bwd": ("FLASHGPT_SM90_BWD", "0", "the Hopper forward with the FA2 backward"),
+    "directstore": ("FLASHGPT_SM90_TMA_STORE", "0",
+                    "the TMA kernels storing O / dK / dV from registers (to v13)"),
+    "nopersist": ("FLASHGPT_SM90_PERSISTENT", "0",
+                  "the TMA forward with one CTA per tile instead of persistent (to v14)"),
+    "fwd2wg": ("FLASHGPT_SM90_FWD_WARPGROUPS", "2",
+               "the head-dim-64 TMA forward with two consumer warpgroups (to v15)"),
+    "fwd3wg": ("FLASHGPT_SM90_FWD_WARPGROUPS", "3", "it with three consumer warpgroups at every size"),
+    "counter": ("FLASHGPT_SM90_FWD_COUNTER", "1",
+                "the head-dim-128 non-causal TMA forward taking tiles from the counter instead of a "
+                "fixed stride (to v21)"),
+    "memset": ("FLASHGPT_SM90_FWD_MEMSET", "1",
+               "the persistent TMA forward with its tile counter zeroed by a memset before each launch "
+               "(to v23)"),
+}
 
 
 @contextlib.contextmanager
 def variant(name: str | None):
     """Within the block our kernels run as variant `name` (None: the default dispatch)."""
-    var, value = VARIANTS.get(name, (None, None))
+    var, value, _ = VARIANTS.get(name, (None, None, None))
     old = os.environ.get(var) if var else None
     if var:
         os.environ[var] = value
@@ -169,37 +179,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--det", action="store_true", help="also time the deterministic backward")
     ap.add_argument("--only-ours", action="store_true", help="tuning sweeps: skip SDPA")
-    ap.add_argument("--compare-fa2", action="store_true",
-                    help="also time our FA2 path where the Hopper kernels would run (FLASHGPT_SM90=0)")
-    ap.add_argument("--compare-cpasync", action="store_true",
-                    help="also time the cp.async wgmma kernels instead of the TMA ones (FLASHGPT_SM90_WS=0)")
-    ap.add_argument("--compare-nopingpong", action="store_true",
-                    help="also time the TMA forward without pingpong (FLASHGPT_SM90_PINGPONG=0)")
-    ap.add_argument("--compare-headmajor", action="store_true",
-                    help="also time our kernels on head-major grids (FLASHGPT_GRID_ORDER=head)")
-    ap.add_argument("--compare-group1", action="store_true",
-                    help="also time our kernels in plain block-major launch order (FLASHGPT_GRID_GROUP=1)")
+    for name, (var, value, what) in VARIANTS.items():
+        ap.add_argument(f"--compare-{name}", action="store_true", help=f"also time {what} ({var}={value})")
     ap.add_argument("--tokens", type=int, default=TOKENS,
                     help="batch * seqlen per row (16k: the sweep of BENCHMARKS.md; 8k at seqlen 8k = batch 1, "
                          "the end-to-end step's shape)")
-    ap.add_argument("--compare-fa2bwd", action="store_true",
-                    help="also time the Hopper forward with the FA2 backward (FLASHGPT_SM90_BWD=0)")
-    ap.add_argument("--compare-directstore", action="store_true",
-                    help="also time the TMA kernels storing O / dK / dV from registers (FLASHGPT_SM90_TMA_STORE=0)")
-    ap.add_argument("--compare-nopersist", action="store_true",
-                    help="also time the TMA forward with one CTA per tile instead of persistent "
-                         "(FLASHGPT_SM90_PERSISTENT=0)")
-    ap.add_argument("--compare-fwd2wg", action="store_true",
-                    help="also time the head-dim-64 TMA forward with two consumer warpgroups "
-                         "(FLASHGPT_SM90_FWD_WARPGROUPS=2)")
-    ap.add_argument("--compare-fwd3wg", action="store_true",
-                    help="also time it with three consumer warpgroups at every size (FLASHGPT_SM90_FWD_WARPGROUPS=3)")
-    ap.add_argument("--compare-counter", action="store_true",
-                    help="also time the head-dim-128 non-causal TMA forward taking tiles from the counter "
-                         "instead of a fixed stride (FLASHGPT_SM90_FWD_COUNTER=1)")
-    ap.add_argument("--compare-memset", action="store_true",
-                    help="also time the persistent TMA forward with its tile counter zeroed by a memset before "
-                         "each launch, as before v24 (FLASHGPT_SM90_FWD_MEMSET=1)")
     ap.add_argument("--call-time", action="store_true",
                     help="time synchronised eager calls, host launch time included (the sweeps of sessions 1-8) "
                          "instead of the GPU time of calls the host has already queued")

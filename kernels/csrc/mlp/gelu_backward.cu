@@ -46,6 +46,24 @@ __device__ __forceinline__ float gelu_tanh_grad(float x) {
     return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * k0 * (1.f + 3.f * k1 * x2);
 }
 
+// One thread's 8 columns of one row: dpre = dg * gelu'(pre), rounded to T2, added to `sum` as stored.
+template <typename T2>
+__device__ __forceinline__ uint4 gelu_backward_8(const uint4 &g, const uint4 &p, float (&sum)[kCols]) {
+    uint4 out;
+    const T2 *gv = reinterpret_cast<const T2 *>(&g);
+    const T2 *pv = reinterpret_cast<const T2 *>(&p);
+    T2 *ov = reinterpret_cast<T2 *>(&out);
+#pragma unroll
+    for (int j = 0; j < kCols / 2; ++j) {
+        const float2 gf = to_float2(gv[j]), pf = to_float2(pv[j]);
+        ov[j] = from_float2<T2>(make_float2(gf.x * gelu_tanh_grad(pf.x), gf.y * gelu_tanh_grad(pf.y)));
+        const float2 rounded = to_float2(ov[j]);  // the bias gradient sums what dpre holds
+        sum[2 * j] += rounded.x;
+        sum[2 * j + 1] += rounded.y;
+    }
+    return out;
+}
+
 template <typename T2>  // __nv_bfloat162 or __half2
 __global__ void __launch_bounds__(kThreads) gelu_backward_bias_kernel(const T2 *__restrict__ dg,
                                                                       const T2 *__restrict__ pre,
@@ -59,7 +77,7 @@ __global__ void __launch_bounds__(kThreads) gelu_backward_bias_kernel(const T2 *
     float sum[kCols] = {};
     int64_t r = blockIdx.y;
     const int64_t step = gridDim.y;
-    for (; r + (kUnroll - 1) * step < rows; r += kUnroll * step) {
+    for (; r + (kUnroll - 1) * step < rows; r += kUnroll * step) {  // kUnroll rows' loads in flight
         uint4 g[kUnroll], p[kUnroll];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
@@ -69,39 +87,14 @@ __global__ void __launch_bounds__(kThreads) gelu_backward_bias_kernel(const T2 *
         }
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-            uint4 out;
-            const T2 *gv = reinterpret_cast<const T2 *>(&g[u]);
-            const T2 *pv = reinterpret_cast<const T2 *>(&p[u]);
-            T2 *ov = reinterpret_cast<T2 *>(&out);
-#pragma unroll
-            for (int j = 0; j < kCols / 2; ++j) {
-                const float2 gf = to_float2(gv[j]), pf = to_float2(pv[j]);
-                const float2 d = make_float2(gf.x * gelu_tanh_grad(pf.x), gf.y * gelu_tanh_grad(pf.y));
-                ov[j] = from_float2<T2>(d);
-                const float2 rounded = to_float2(ov[j]);  // the bias gradient sums what dpre holds
-                sum[2 * j] += rounded.x;
-                sum[2 * j + 1] += rounded.y;
-            }
-            *reinterpret_cast<uint4 *>(dpre + (r + u * step) * pairs_per_row + first) = out;
+            *reinterpret_cast<uint4 *>(dpre + (r + u * step) * pairs_per_row + first) =
+                gelu_backward_8<T2>(g[u], p[u], sum);
         }
     }
     for (; r < rows; r += step) {  // the last rows of this group, one at a time
         const int64_t at = r * pairs_per_row + first;
-        const uint4 g = *reinterpret_cast<const uint4 *>(dg + at);
-        const uint4 p = *reinterpret_cast<const uint4 *>(pre + at);
-        uint4 out;
-        const T2 *gv = reinterpret_cast<const T2 *>(&g);
-        const T2 *pv = reinterpret_cast<const T2 *>(&p);
-        T2 *ov = reinterpret_cast<T2 *>(&out);
-#pragma unroll
-        for (int j = 0; j < kCols / 2; ++j) {
-            const float2 gf = to_float2(gv[j]), pf = to_float2(pv[j]);
-            ov[j] = from_float2<T2>(make_float2(gf.x * gelu_tanh_grad(pf.x), gf.y * gelu_tanh_grad(pf.y)));
-            const float2 rounded = to_float2(ov[j]);
-            sum[2 * j] += rounded.x;
-            sum[2 * j + 1] += rounded.y;
-        }
-        *reinterpret_cast<uint4 *>(dpre + at) = out;
+        *reinterpret_cast<uint4 *>(dpre + at) = gelu_backward_8<T2>(
+            *reinterpret_cast<const uint4 *>(dg + at), *reinterpret_cast<const uint4 *>(pre + at), sum);
     }
     float4 *dst = reinterpret_cast<float4 *>(partial + blockIdx.y * cols + col);
     dst[0] = make_float4(sum[0], sum[1], sum[2], sum[3]);
