@@ -7,6 +7,7 @@
 //   nvcc -std=c++17 -O3 --use_fast_math --expt-relaxed-constexpr -DFLASHGPT_HAS_SM90A -lineinfo \
 //     -gencode arch=compute_90a,code=sm_90a [-DFLASHGPT_BWD_TRACE] -o /tmp/bwd_trace bench/bwd_trace.cu
 //   /tmp/bwd_trace [causal=1] [seqlen=8192] [batch=2] [heads=16] [traced key block=0]
+// FLASHGPT_SM90_BWD_PINGPONG=0 times (and traces) the lock-step loop of v24 instead of the pingpong one.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -75,7 +76,7 @@ int main(int argc, char **argv) {
     const int order[] = {0, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8};
     const char *what[] = {"wait Q/dO/LSE/D", "S^T latency (issue S^T, dP^T; wait S^T)", "exp -> P^T",
                           "pack P^T, issue dV", "wait dP^T", "dS^T, issue dK", "store dS^T + fence",
-                          "named barrier", "issue dQ, wait dV/dK/dQ", "stage dQ (wait dq_empty)"};
+                          "named barrier (pingpong: other's dS^T in)", "issue dQ, wait dV/dK/dQ", "stage dQ (wait dq_empty)"};
     const int lo = 4, hi = steps - 2;
     printf("traced CTA: key block %d, %d steps; averages over steps %d..%d (SM clocks)\n", traced, steps, lo, hi - 1);
     const double step_flop = 5.0 * 2 * 128 * 64 * 128;  // the CTA's 5 products per step

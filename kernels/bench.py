@@ -14,7 +14,7 @@ Error column: max |ours - fp32 reference| of the forward output on batch 0, head
     python -m kernels.bench [--reps 30] [--hdims 64 128] [--seqlens 512 1024 ...] [--json out.json]
                             [--compare-fa2] [--compare-cpasync] [--compare-nopingpong]
                             [--compare-headmajor] [--compare-fa2bwd] [--compare-directstore]
-                            [--compare-nopersist] [--compare-fwd2wg] [--compare-fwd3wg] [--compare-counter] [--compare-memset] [--only-ours]
+                            [--compare-nopersist] [--compare-fwd2wg] [--compare-fwd3wg] [--compare-counter] [--compare-memset] [--compare-bwdlockstep] [--only-ours]
                             [--call-time] [--fixed-order]
 """
 from __future__ import annotations
@@ -58,6 +58,8 @@ VARIANTS = {
     "memset": ("FLASHGPT_SM90_FWD_MEMSET", "1",
                "the persistent TMA forward with its tile counter zeroed by a memset before each launch "
                "(to v23)"),
+    "bwdlockstep": ("FLASHGPT_SM90_BWD_PINGPONG", "0",
+                    "the head-dim-128 TMA backward with its warpgroups in lock-step, not pingpong (to v24)"),
 }
 
 

@@ -437,7 +437,8 @@ def test_grid_order_changes_no_result(d, causal, kernel_path, monkeypatch):
     forward and the deterministic backward agree bit for bit. Batch 2 x 5 heads: group 3 is lowered to 2 (a divisor of 10).
     Likewise the TMA forward launched one CTA per tile instead of persistent (FLASHGPT_SM90_PERSISTENT=0),
     and at head dim 64 with two or three consumer warpgroups (128- or 192-row query blocks; with three,
-    a warpgroup skips the causal key tiles its rows do not see)."""
+    a warpgroup skips the causal key tiles its rows do not see), and the head-dim-128 TMA backward with
+    its warpgroups in lock-step instead of pingpong (FLASHGPT_SM90_BWD_PINGPONG=0, v24's loop)."""
     if kernel_path == "headmajor":
         pytest.skip("compares against the head-major path itself")
     torch.manual_seed(next(_seed))
@@ -452,7 +453,8 @@ def test_grid_order_changes_no_result(d, causal, kernel_path, monkeypatch):
     default = fwd_bwd()
     for var, value in [("FLASHGPT_GRID_GROUP", "1"), ("FLASHGPT_GRID_GROUP", "3"), ("FLASHGPT_GRID_GROUP", "5"),
                        ("FLASHGPT_GRID_ORDER", "head"), ("FLASHGPT_SM90_PERSISTENT", "0"),
-                       ("FLASHGPT_SM90_FWD_WARPGROUPS", "2"), ("FLASHGPT_SM90_FWD_WARPGROUPS", "3")]:
+                       ("FLASHGPT_SM90_FWD_WARPGROUPS", "2"), ("FLASHGPT_SM90_FWD_WARPGROUPS", "3"),
+                       ("FLASHGPT_SM90_BWD_PINGPONG", "0")]:
         monkeypatch.setenv(var, value)
         for name, a, b in zip(("out", "dq", "dk", "dv"), default, fwd_bwd()):
             assert torch.equal(a, b), (var, value, name)

@@ -74,6 +74,14 @@ inline int fwd_warpgroups_hd64() {
     return 3;
 }
 
+// The head-dim-128 TMA backward's consumer warpgroups take turns on the tensor pipe, each block's
+// dQ product one step late (v25, flash_bwd_sm90_ws.h), unless FLASHGPT_SM90_BWD_PINGPONG=0: both in
+// lock-step, meeting before each dQ product, as up to v24 (read on every call; kernels/bench.py
+// --compare-bwdlockstep).
+inline bool pingpong_backward() {
+    return !env_is("FLASHGPT_SM90_BWD_PINGPONG", "0");
+}
+
 // Streaming multiprocessors of the current device (read once per process and device ordinal).
 inline int sm_count() {
     static int cached[64] = {0};
