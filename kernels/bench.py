@@ -14,7 +14,7 @@ Error column: max |ours - fp32 reference| of the forward output on batch 0, head
     python -m kernels.bench [--reps 30] [--hdims 64 128] [--seqlens 512 1024 ...] [--json out.json]
                             [--compare-fa2] [--compare-cpasync] [--compare-nopingpong]
                             [--compare-headmajor] [--compare-fa2bwd] [--compare-directstore]
-                            [--compare-nopersist] [--compare-fwd2wg] [--compare-fwd3wg] [--compare-counter] [--compare-memset] [--compare-bwdlockstep] [--only-ours]
+                            [--compare-nopersist] [--compare-fwd2wg] [--compare-fwd3wg] [--compare-counter] [--compare-memset] [--compare-bwdlockstep] [--compare-bwdpingpong] [--only-ours]
                             [--call-time] [--fixed-order]
 """
 from __future__ import annotations
@@ -59,7 +59,9 @@ VARIANTS = {
                "the persistent TMA forward with its tile counter zeroed by a memset before each launch "
                "(to v23)"),
     "bwdlockstep": ("FLASHGPT_SM90_BWD_PINGPONG", "0",
-                    "the head-dim-128 TMA backward with its warpgroups in lock-step, not pingpong (to v24)"),
+                    "the TMA backward with its warpgroups in lock-step at every size, not in turns (to v24)"),
+    "bwdpingpong": ("FLASHGPT_SM90_BWD_PINGPONG", "1",
+                    "the TMA backward with its warpgroups in turns at every size (default: from 1024 queries)"),
 }
 
 

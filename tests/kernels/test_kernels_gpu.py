@@ -40,15 +40,17 @@ def _ext():
 KERNEL_PATHS = {"cpasync": ("FLASHGPT_SM90_WS", "0"),      # the cp.async wgmma kernels (Hopper)
                 "fa2": ("FLASHGPT_SM90", "0"),             # the FA2 kernels everywhere (Hopper)
                 "headmajor": ("FLASHGPT_GRID_ORDER", "head"),  # head-major grids (grid_order.h)
-                "hopper": ("FLASHGPT_SM90_ALWAYS", "1")}  # the Hopper kernels at every size (dispatch.h)
+                "hopper": ("FLASHGPT_SM90_ALWAYS", "1"),  # the Hopper kernels at every size (dispatch.h)
+                "bwdpingpong": ("FLASHGPT_SM90_BWD_PINGPONG", "1")}  # the TMA backward's turns at every size
 
 
 @pytest.fixture(params=["default", *KERNEL_PATHS], autouse=True)
 def kernel_path(request, monkeypatch):
     """Every check runs through the default dispatch (on Hopper the warp-specialised TMA kernels for
     head dim 128 and the head-dim-64 forward), then on head-major grids, and on Hopper also through
-    the cp.async wgmma kernels, the FA2 kernels and the Hopper kernels at every size."""
-    if request.param in ("cpasync", "fa2", "hopper") and torch.cuda.get_device_capability()[0] != 9:
+    the cp.async wgmma kernels, the FA2 kernels, the Hopper kernels at every size and the TMA
+    backward's pingpong loop at every size (by default from 1024 queries only)."""
+    if request.param in ("cpasync", "fa2", "hopper", "bwdpingpong") and torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("only Hopper has more than one kernel family")
     if request.param != "default":
         monkeypatch.setenv(*KERNEL_PATHS[request.param])
@@ -437,8 +439,9 @@ def test_grid_order_changes_no_result(d, causal, kernel_path, monkeypatch):
     forward and the deterministic backward agree bit for bit. Batch 2 x 5 heads: group 3 is lowered to 2 (a divisor of 10).
     Likewise the TMA forward launched one CTA per tile instead of persistent (FLASHGPT_SM90_PERSISTENT=0),
     and at head dim 64 with two or three consumer warpgroups (128- or 192-row query blocks; with three,
-    a warpgroup skips the causal key tiles its rows do not see), and the head-dim-128 TMA backward with
-    its warpgroups in lock-step instead of pingpong (FLASHGPT_SM90_BWD_PINGPONG=0, v24's loop)."""
+    a warpgroup skips the causal key tiles its rows do not see), and the TMA backward with its
+    warpgroups in lock-step (FLASHGPT_SM90_BWD_PINGPONG=0, v24's loop) or in turns with dQ one step
+    late (=1, v25 / v26)."""
     if kernel_path == "headmajor":
         pytest.skip("compares against the head-major path itself")
     torch.manual_seed(next(_seed))
@@ -454,7 +457,7 @@ def test_grid_order_changes_no_result(d, causal, kernel_path, monkeypatch):
     for var, value in [("FLASHGPT_GRID_GROUP", "1"), ("FLASHGPT_GRID_GROUP", "3"), ("FLASHGPT_GRID_GROUP", "5"),
                        ("FLASHGPT_GRID_ORDER", "head"), ("FLASHGPT_SM90_PERSISTENT", "0"),
                        ("FLASHGPT_SM90_FWD_WARPGROUPS", "2"), ("FLASHGPT_SM90_FWD_WARPGROUPS", "3"),
-                       ("FLASHGPT_SM90_BWD_PINGPONG", "0")]:
+                       ("FLASHGPT_SM90_BWD_PINGPONG", "0"), ("FLASHGPT_SM90_BWD_PINGPONG", "1")]:
         monkeypatch.setenv(var, value)
         for name, a, b in zip(("out", "dq", "dk", "dv"), default, fwd_bwd()):
             assert torch.equal(a, b), (var, value, name)

@@ -74,12 +74,17 @@ inline int fwd_warpgroups_hd64() {
     return 3;
 }
 
-// The head-dim-128 TMA backward's consumer warpgroups take turns on the tensor pipe, each block's
-// dQ product one step late (v25, flash_bwd_sm90_ws.h), unless FLASHGPT_SM90_BWD_PINGPONG=0: both in
-// lock-step, meeting before each dQ product, as up to v24 (read on every call; kernels/bench.py
-// --compare-bwdlockstep).
-inline bool pingpong_backward() {
-    return !env_is("FLASHGPT_SM90_BWD_PINGPONG", "0");
+// The TMA backward's two consumer warpgroups take turns on the tensor pipe, each block's dQ product
+// one step late (v25 at head dim 128, v26 at 64; flash_bwd_sm90_ws.h), from 1024 queries (max per
+// sequence when packed); below, the late dQ's ramp and the turns cost more than they hide (H100:
+// head dim 64 non-causal 512 -4%, head dim 128 512 -0.6% / 0%; from 1k on 0 to +7%). Otherwise the
+// warpgroups walk in lock-step and meet before each dQ product, as up to v24.
+// FLASHGPT_SM90_BWD_PINGPONG=0: lock-step everywhere, =1: turns at every size (read on every call;
+// kernels/bench.py --compare-bwdlockstep, the tests' "bwdpingpong" path).
+inline bool pingpong_backward(int seqlen_q) {
+    if (env_is("FLASHGPT_SM90_BWD_PINGPONG", "0")) return false;
+    if (env_is("FLASHGPT_SM90_BWD_PINGPONG", "1")) return true;
+    return seqlen_q >= 1024;
 }
 
 // Streaming multiprocessors of the current device (read once per process and device ordinal).

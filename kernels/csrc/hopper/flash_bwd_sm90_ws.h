@@ -275,8 +275,72 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         mbar_arrive_if(dq_full + 8 * st, true);
     };
 
+    // Pingpong loops: block it's dQ product (one group), once both warpgroups' halves of its dS^T are in
+    // buffer it % 3. Head dim 128: head-dim columns 64cw.. (B = K's atom column cw); 64: queries 64cw..
+    // (A = dS^T's atom column cw), all of K.
+    auto dq_product = [&](float (&acc_dq)[32], int it) {
+        const int bd = it % 3;
+        mbar_wait(ds_full + 8 * bd, (it / 3) & 1);
+        BWD_TRACE(trace, cw, it + 1, 6);  // 6 (in step it + 1) the previous block's dS^T halves are in
+        wgmma_fence();
+        if constexpr (D == 64) issue_dq<T>(acc_dq, s0 + L::dS + bd * L::DS + cw * BN * 128, sK);
+        else issue_dq<T>(acc_dq, s0 + L::dS + bd * L::DS, k_cols);
+    };
+
     mbar_wait(kv_full, 0);
-    if constexpr (D == 64) {
+    if constexpr (D == 64 && Pingpong) {
+        // v26: head dim 64 in turns with dQ one step late, as the head-dim-128 loop below (its
+        // comment has the why). P^T goes to block it's dS^T buffer (it % 3) as in the lock-step loop
+        // after this one, so the buffer's empty barrier is waited before P^T; a warpgroup's own rows
+        // of P^T and of dS^T are read by its own dV / dK only: barrier 3 + cw (its 128 threads).
+        const int steps = range.m_max - range.m_min;
+        for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
+            const int s = it & 1, bd = it % 3;
+            const uint32_t q_base = sQ + s * L::Q, do_base = sdO + s * L::Q;
+            const float *sDs = sDsum + s * BM;
+            uint8_t *sdS = smem + L::dS + bd * L::DS;
+            const uint32_t ds_rows = s0 + L::dS + bd * L::DS + cw * 64 * 128;  // this warpgroup's key rows
+
+            float acc_s[BM / 2], acc_dp[BM / 2];
+            if (cw == 1 || it > 0) named_barrier_sync(8 + cw, 256);  // this warpgroup's turn
+            st_dpt_exp(m, it, acc_s, acc_dp);
+            uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
+            to_a_fragments<T>(acc_s, a_p);
+            mbar_wait(ds_empty + 8 * bd, ((it / 3) & 1) ^ 1);  // both warpgroups' dQ of block it - 3 read it
+            store_dst(sdS, a_p, key_row0, g, t);  // P^T
+            fence_async_smem();
+            named_barrier_sync(3 + cw, 128);  // this warpgroup's four warps' P^T rows are in
+            wgmma_fence();
+            issue_ss_over_queries<T, D, BM>(acc_dv, ds_rows, do_base);
+            if (cw == 0 || m + 1 < range.m_max) named_barrier_arrive(8 + (1 - cw), 256);  // the other's turn
+            wgmma_wait<1>();  // dP^T has landed (dV may still run)
+            make_dst<T>(a_p, acc_s, acc_dp, sDs, t, a_ds);
+            wgmma_wait<0>();  // dV has read P^T: its rows take dS^T
+            store_dst(sdS, a_ds, key_row0, g, t);
+            fence_async_smem();  // dS^T stores -> visible to wgmma
+            mbar_arrive_if(ds_full + 8 * bd, true);
+            named_barrier_sync(3 + cw, 128);  // this warpgroup's dS^T rows are in (its dK reads them)
+            wgmma_fence();
+            issue_ss_over_queries<T, D, BM>(acc_dk, ds_rows, q_base);
+            if (it > 0) {
+                float acc_dq[32];
+                dq_product(acc_dq, it - 1);
+                wgmma_wait<0>();  // dK of this block, dQ of the previous one
+                mbar_arrive_if(q_empty + 8 * s, true);
+                mbar_arrive_if(ds_empty + 8 * ((it - 1) % 3), true);
+                stage_dq(acc_dq, it - 1);  // sub-tile cw: queries 64cw..
+            } else {
+                wgmma_wait<0>();
+                mbar_arrive_if(q_empty + 8 * s, true);
+            }
+        }
+        if (steps > 0) {  // the last block's dQ
+            float acc_dq[32];
+            dq_product(acc_dq, steps - 1);
+            wgmma_wait<0>();
+            stage_dq(acc_dq, steps - 1);
+        }
+    } else if constexpr (D == 64) {
         // Head dim 64, 128 queries per block: per block a warpgroup's products are half as long as at
         // head dim 128 while its elementwise work and fixed costs are not, so the block is twice as
         // wide (S^T, dP^T m64n128). dV and dK read P^T and dS^T from shared memory (a register-A
@@ -329,13 +393,6 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         // Prediction: the pipe's idle exp phases filled, +5-10% backward. Measured: +3-4% f+b at 4k-16k
         // (backward alone +7% at causal 8k; trace: step 4540 -> 4290 clocks, warpgroups 1500 apart).
         const int steps = range.m_max - range.m_min;
-        auto dq_product = [&](float (&acc_dq)[32], int it) {  // block it's dQ, once both halves are in
-            const int bd = it % 3;
-            mbar_wait(ds_full + 8 * bd, (it / 3) & 1);
-            BWD_TRACE(trace, cw, it + 1, 6);  // 6 (in step it + 1) the previous block's dS^T halves are in
-            wgmma_fence();
-            issue_dq<T>(acc_dq, s0 + L::dS + bd * L::DS, k_cols);
-        };
         for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
             const int s = it & 1, bd = it % 3;
             const uint32_t q_base = sQ + s * L::Q, do_base = sdO + s * L::Q;
@@ -484,16 +541,14 @@ bool run_flash_bwd_sm90_ws(Flash_bwd_params &params, cudaStream_t stream) {
                                 params.dv_head_stride, params.dv_batch_stride, 64);
     const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_k, kBwsBN), /*default_group=*/2);
     const bool is_even = !varlen && params.seqlen_q % BwsSmem<D>::BM == 0 && params.seqlen_k % kBwsBN == 0;
-    const bool pingpong = D == 128 && pingpong_backward();
+    const bool pingpong = pingpong_backward(params.seqlen_q);
     BOOL_SWITCH(is_even, Is_even, [&] {
         auto launch = [&](auto kernel, int smem) {
             FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
             kernel<<<grid, kBwsThreads, smem, stream>>>(params, maps);
             FLASH_KERNEL_LAUNCH_CHECK();
         };
-        if constexpr (D == 128) {
-            if (pingpong) return launch(&flash_bwd_sm90_ws_kernel<T, D, Is_causal, Is_even, true>, BwsSmem<D, 1, 3>::bytes);
-        }
+        if (pingpong) return launch(&flash_bwd_sm90_ws_kernel<T, D, Is_causal, Is_even, true>, BwsSmem<D, 1, 3>::bytes);
         launch(&flash_bwd_sm90_ws_kernel<T, D, Is_causal, Is_even, false>, BwsSmem<D>::bytes);
     });
     params.dq_accum_tiled = true;  // for the post-pass
