@@ -24,13 +24,14 @@
 // Ragged edges: TMA zero-fills rows past a tensor's end but, packed (varlen), reads the next
 // sequence's rows; P^T is therefore masked to 0 for keys >= sk and queries >= sq, which zeroes their
 // dS^T too (dQ/dK/dV rows past the sequence are never written).
-// Head dim 128 (v25, the default): the consumers take turns (pingpong) and each block's dQ product
-// runs one step late, so they never meet at a barrier -- see the Pingpong loop; dS^T then rotates
-// through three buffers (ds_full / ds_empty mbarriers) and dQ is staged in one buffer.
+// From 1024 queries (hopper/dispatch.h pingpong_backward; v25 head dim 128, v26 head dim 64) the
+// consumers take turns (pingpong) and each block's dQ product runs one step late, so they never meet
+// at a barrier -- see the Pingpong loops; dS^T then rotates through three buffers (ds_full /
+// ds_empty mbarriers) and dQ is staged in one buffer.
 // Shared memory (BwsSmem), head dim 128: K, V 32 K each; Q, dO 2 x 16 K each; dS^T 2 x 16 K; dQ 2 x
 // 32 K (tile copies); LSE, D 2 x 256 each; barriers: 225 KB (pingpong: dS^T 3 x 16 K, dQ 1 x 32 K:
 // 209 KB). Head dim 64: K, V 16 K each; Q, dO 2 x 16 K each; dS^T (P^T first) 2 x 32 K; dQ 2 x 32 K;
-// LSE, D 2 x 512 each: 226 KB.
+// LSE, D 2 x 512 each: 226 KB (pingpong: dS^T 3 x 32 K, dQ 1 x 32 K: 226 KB).
 #pragma once
 #include <type_traits>
 #include "../flash.h"
@@ -77,7 +78,7 @@ struct BwdTmaMaps {
 constexpr int kBwsThreads = 384, kBwsBN = 128;
 
 // Shared-memory layout at head dim D (64 or 128), byte offsets; every tile 1024-aligned (128B swizzle).
-// DQS: dQ staging buffers, NDS: dS^T buffers. v25 (head dim 128, pingpong, dQ one step behind) takes 1 and 3.
+// DQS: dQ staging buffers, NDS: dS^T buffers. The pingpong loops (dQ one step behind) take 1 and 3.
 template <int D, int DQS_ = 2, int NDS_ = 2>
 struct BwsSmem {
     static constexpr int DQS = DQS_, NDS = NDS_;
