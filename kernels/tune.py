@@ -4,9 +4,11 @@ On Hopper our extension has two kernel families at run time: the wgmma kernels (
 warp-specialised with TMA loads since session 4) and the FA2 mma.sync kernels (tiles in
 csrc/tile_config.h).
 Which one is faster depends on the pass, head dim, causal mask and sequence length (bench/RESULTS.md
-v8). `python -m kernels.tune` times both for every shape class — pass (forward, backward) x head dim
-(64, 128) x causal x seqlen bucket (<= 1k, 2k, 4k, longer) at 16k tokens a batch and d_model 2048,
-as kernels.bench — and caches the winner of each in
+v8). The Hopper backward has two schedules besides: its consumer warpgroups in lock-step or in turns
+(v25 / v26; built-in: turns from 1024 queries). `python -m kernels.tune` times the candidates of every
+shape class — pass (forward, backward) x head dim (64, 128) x causal x seqlen bucket (<= 1k, 2k, 4k,
+longer) at 16k tokens a batch and d_model 2048, as kernels.bench: FA2 and Hopper, and above 1k keys
+for the backward FA2, Hopper in lock-step and Hopper in turns — and caches the winner of each in
 
     ~/.cache/flashgpt/tune/<gpu name>-<kernel source hash>.json   ($FLASHGPT_TUNE_CACHE: the folder)
 
@@ -35,13 +37,14 @@ from .timing import time_ms
 BUCKET_SEQLEN = {0: 1024, 1: 2048, 2: 4096, 3: 8192}  # bucket (csrc/hopper/dispatch.cu) -> length timed
 BUCKET_LABEL = {0: "<=1k", 1: "2k", 2: "4k", 3: ">4k"}
 PASSES = {0: "fwd", 1: "bwd"}
-FORMAT = 1
+FORMAT = 2  # 2: backward choices 2 / 3 (the Hopper schedules; session 15)
+# choice -> what it runs (csrc/flash.h): -1 is the built-in default, never cached.
+LABELS = {0: "FA2", 1: "Hopper", 2: "Hopper, lock-step", 3: "Hopper, turns"}
 log = logging.getLogger(__name__)
 
 
 def shape_classes() -> Iterator[Tuple[int, int, bool, int]]:
-    """(pass, head dim, causal, bucket) of every class: each has two candidates (the Hopper kernels
-    and the FA2 kernels)."""
+    """(pass, head dim, causal, bucket) of every class (candidates: `candidates`)."""
     for p in PASSES:
         for d in (64, 128):
             for causal in (False, True):
@@ -60,9 +63,18 @@ def cache_path(device_name: str, source_hash: str) -> Path:
     return cache_dir() / f"{safe}-{source_hash}.json"
 
 
-def choose(ms_fa2: float, ms_hopper: float) -> int:
-    """1 (Hopper) if it took no longer than the FA2 kernel, else 0."""
-    return 1 if ms_hopper <= ms_fa2 else 0
+def candidates(pass_: int, bucket: int) -> Tuple[Tuple[str, int], ...]:
+    """(name, choice) of a class's candidates, in order of preference on a tie: the Hopper kernels
+    first. The backward above 1k keys has the Hopper kernel's two schedules; at <= 1k keys the bucket
+    holds both sides of the built-in threshold (512 in lock-step, 1k in turns), so it keeps that."""
+    if pass_ == 1 and bucket > 0:
+        return (("turns", 3), ("lockstep", 2), ("fa2", 0))
+    return (("hopper", 1), ("fa2", 0))
+
+
+def choose(ms: Dict[str, float], pass_: int, bucket: int) -> int:
+    """The choice of the candidate that took least time (ties: the earlier in `candidates`)."""
+    return min(candidates(pass_, bucket), key=lambda c: ms[c[0]])[1]
 
 
 def save(path: Path, entries: List[dict], meta: dict) -> None:
@@ -81,6 +93,8 @@ def load(path: Path) -> List[dict]:
     for e in data["entries"]:
         if not keys <= set(e):
             raise ValueError(f"{path}: entry {e} lacks one of {sorted(keys)}")
+        if e["choice"] not in [c for _, c in candidates(int(e["pass"]), int(e["bucket"]))]:
+            raise ValueError(f"{path}: entry {e} has a choice its shape class does not have")
     return data["entries"]
 
 
@@ -114,7 +128,7 @@ def apply_cached(ext) -> Optional[Path]:
 
 
 def measure(ext, reps: int) -> List[dict]:
-    """Time both families for every shape class (the extension's choice forced per class, then put
+    """Time every candidate of every shape class (the extension's choice forced per class, then put
     back to the default). Returns the cache entries."""
     from .flash_attn import flash_attn_func
 
@@ -128,7 +142,7 @@ def measure(ext, reps: int) -> List[dict]:
         dout = torch.randn_like(q)
         ms: Dict[str, float] = {}
         try:
-            for name, choice in (("fa2", 0), ("hopper", 1)):
+            for name, choice in candidates(p, bucket):
                 ext.set_sm90_choice(p, d, causal, bucket, choice)
                 if p == 0:
                     with torch.no_grad():
@@ -140,18 +154,22 @@ def measure(ext, reps: int) -> List[dict]:
         finally:
             ext.set_sm90_choice(p, d, causal, bucket, -1)
         entries.append({"pass": p, "d": d, "causal": causal, "bucket": bucket,
-                        "choice": choose(ms["fa2"], ms["hopper"]), "ms": ms})
+                        "choice": choose(ms, p, bucket), "ms": ms})
         torch.cuda.empty_cache()
     return entries
 
 
 def table(entries: List[dict]) -> str:
-    lines = ["| pass | hdim | causal | seqlen | FA2 ms | Hopper ms | chosen |", "|---|---|---|---|---|---|---|"]
+    lines = ["| pass | hdim | causal | seqlen | FA2 ms | Hopper ms | Hopper lock-step / turns ms | chosen |",
+             "|---|---|---|---|---|---|---|---|"]
+    nan = float("nan")  # a hand-written cache without timings
     for e in entries:
         ms = e.get("ms", {})
+        hopper = f"{ms['hopper']:.3f}" if "hopper" in ms else "-"
+        schedules = f"{ms['lockstep']:.3f} / {ms['turns']:.3f}" if "turns" in ms else "-"
         lines.append(f"| {PASSES[e['pass']]} | {e['d']} | {'yes' if e['causal'] else 'no'} | "
-                     f"{BUCKET_LABEL[e['bucket']]} | {ms.get('fa2', float('nan')):.3f} | "
-                     f"{ms.get('hopper', float('nan')):.3f} | {'Hopper' if e['choice'] else 'FA2'} |")
+                     f"{BUCKET_LABEL[e['bucket']]} | {ms.get('fa2', nan):.3f} | {hopper} | {schedules} | "
+                     f"{LABELS[int(e['choice'])]} |")
     return "\n".join(lines)
 
 

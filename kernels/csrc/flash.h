@@ -86,10 +86,14 @@ void run_wgmma_probe(const void *a, const void *b, const void *v, float *c1, flo
 // Which kernel family runs on Hopper, per shape class (hopper/dispatch.cu; set by kernels/tune.py
 // from its on-disk cache): pass 0 = forward, 1 = backward; head_dim 64 or 128; seqlen bucket of
 // seqlen_k: 0 (<= 1k), 1 (<= 2k), 2 (<= 4k), 3 (longer). choice -1 = built-in default, 0 = the FA2
-// kernel, 1 = the Hopper kernel (ignored where there is none: the head-dim-64 backward).
+// kernel, 1 = the Hopper kernel; for the backward also 2 = the Hopper kernel with its consumer
+// warpgroups in lock-step, 3 = in turns (1: as the built-in default picks, hopper/dispatch.h).
 int seqlen_bucket(int seqlen_k);
 void set_sm90_choice(int pass, int head_dim, bool causal, int bucket, int choice);
 int sm90_choice(int pass, int head_dim, bool causal, int bucket);
 // Whether the forward for this shape runs the persistent Hopper kernel, which needs params.tile_counter
 // (hopper/dispatch.cu: the dispatch of hopper/dispatch.h, for the binding).
 bool fwd_needs_tile_counter(int head_dim, bool causal, int seqlen_k, bool varlen);
+// Whether the TMA backward's consumer warpgroups take turns for this shape (hopper/dispatch.h
+// pingpong_backward: threshold, tuning cache, FLASHGPT_SM90_BWD_PINGPONG), for the tests.
+bool bwd_takes_turns(int head_dim, bool causal, int seqlen_q, int seqlen_k);

@@ -535,14 +535,57 @@ def test_tune_command_writes_and_applies_a_cache(tmp_path, monkeypatch, capsys):
         path = tune.cache_path(torch.cuda.get_device_name(), source_hash())
         entries = tune.load(path)
         assert len(entries) == len(list(tune.shape_classes()))
-        assert all(e["ms"]["fa2"] > 0 and e["ms"]["hopper"] > 0 for e in entries)
-        for e in entries:  # applied
+        for e in entries:  # every candidate timed, the fastest chosen, the choice applied
+            names = [n for n, _ in tune.candidates(e["pass"], e["bucket"])]
+            assert sorted(e["ms"]) == sorted(names) and all(t > 0 for t in e["ms"].values())
+            assert e["choice"] == tune.choose(e["ms"], e["pass"], e["bucket"])
             assert ext.sm90_choice(e["pass"], e["d"], e["causal"], e["bucket"]) == e["choice"]
+        assert any(e["choice"] in (2, 3) for e in entries)  # the backward's schedules are candidates
         rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| fwd", "| bwd"))]
         assert [r.rstrip(" |").rsplit("| ", 1)[-1] for r in rows] == [
-            "Hopper" if e["choice"] else "FA2" for e in entries]  # the printed table is the cache's
+            tune.LABELS[e["choice"]] for e in entries]  # the printed table is the cache's
         _reset_dispatch(ext)
         assert tune.apply_cached(ext) == path  # what a new process does when the extension loads
         assert all(ext.sm90_choice(e["pass"], e["d"], e["causal"], e["bucket"]) == e["choice"] for e in entries)
+    finally:
+        _reset_dispatch(ext)
+
+
+@hopper_only
+def test_backward_schedule_from_threshold_cache_and_switch(monkeypatch, kernel_path):
+    """The TMA backward's warpgroups take turns from 1024 queries (v26), lock-step below; above 1k keys
+    a tuning-cache choice of 2 / 3 (kernels.tune) sets the schedule per shape class; the switch
+    FLASHGPT_SM90_BWD_PINGPONG=0 / 1 overrides both. And the schedule changes no result."""
+    if kernel_path != "default":
+        pytest.skip("reads the dispatch itself; the other paths set its switches")
+    from kernels.build import load_extension
+    ext = load_extension()
+    turns = ext.bwd_takes_turns
+    assert not turns(64, False, 512, 512) and not turns(128, True, 1023, 1023)
+    assert turns(64, True, 1024, 1024) and turns(128, False, 8192, 8192)
+    try:
+        ext.set_sm90_choice(1, 128, True, ext.seqlen_bucket(2048), 2)
+        assert not turns(128, True, 2048, 2048) and turns(128, False, 2048, 2048)  # only that class
+        ext.set_sm90_choice(1, 128, True, ext.seqlen_bucket(2048), 3)
+        assert turns(128, True, 2048, 2048)
+        with pytest.raises(ValueError):  # <= 1k: the threshold's bucket
+            ext.set_sm90_choice(1, 128, True, 0, 3)
+        with pytest.raises(ValueError):  # the forward has no schedules
+            ext.set_sm90_choice(0, 128, True, 1, 3)
+        monkeypatch.setenv("FLASHGPT_SM90_BWD_PINGPONG", "0")
+        assert not turns(128, True, 2048, 2048) and not turns(64, False, 8192, 8192)
+        monkeypatch.setenv("FLASHGPT_SM90_BWD_PINGPONG", "1")
+        assert turns(64, False, 512, 512)
+        monkeypatch.delenv("FLASHGPT_SM90_BWD_PINGPONG")
+        torch.manual_seed(next(_seed))  # 2 x 1100 queries: turns by default, lock-step forced; same bits
+        q, k, v = (torch.randn(2, 1100, 3, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        dout = torch.randn_like(q)
+        out = flash_attn_func(q, k, v, causal=True, deterministic=True)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        ext.set_sm90_choice(1, 128, True, ext.seqlen_bucket(1100), 2)
+        out = flash_attn_func(q, k, v, causal=True, deterministic=True)
+        for a, b in zip(grads, torch.autograd.grad(out, (q, k, v), dout)):
+            assert torch.equal(a, b)
     finally:
         _reset_dispatch(ext)

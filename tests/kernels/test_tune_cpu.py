@@ -12,9 +12,15 @@ def test_shape_classes_cover_every_choice_once():
     assert (1, 64, False, 0) in classes  # the head-dim-64 TMA backward (session 5) is a candidate too
 
 
-@pytest.mark.parametrize("fa2, hopper, want", [(1.0, 0.9, 1), (1.0, 1.1, 0), (1.0, 1.0, 1)])
-def test_choose_the_faster(fa2, hopper, want):
-    assert tune.choose(fa2, hopper) == want
+@pytest.mark.parametrize("pass_, bucket, ms, want", [
+    (0, 1, {"fa2": 1.0, "hopper": 0.9}, 1), (0, 1, {"fa2": 1.0, "hopper": 1.1}, 0),
+    (0, 1, {"fa2": 1.0, "hopper": 1.0}, 1),  # a tie: the Hopper kernel
+    (1, 0, {"fa2": 1.0, "hopper": 0.9}, 1),  # the backward at <= 1k: the built-in schedule
+    (1, 2, {"fa2": 1.0, "lockstep": 0.9, "turns": 0.8}, 3), (1, 2, {"fa2": 1.0, "lockstep": 0.8, "turns": 0.9}, 2),
+    (1, 3, {"fa2": 0.7, "lockstep": 0.8, "turns": 0.9}, 0), (1, 3, {"fa2": 1.0, "lockstep": 0.8, "turns": 0.8}, 3)])
+def test_choose_the_fastest_candidate(pass_, bucket, ms, want):
+    assert [n for n, _ in tune.candidates(pass_, bucket)] == sorted(ms, key=["turns", "lockstep", "hopper", "fa2"].index)
+    assert tune.choose(ms, pass_, bucket) == want
 
 
 def test_cache_path_is_per_gpu_and_build(tmp_path, monkeypatch):
@@ -34,17 +40,26 @@ class FakeExt:
 
 def test_save_load_apply_round_trip(tmp_path):
     entries = [{"pass": 0, "d": 64, "causal": True, "bucket": 1, "choice": 0, "ms": {"fa2": 1.0, "hopper": 1.2}},
-               {"pass": 1, "d": 128, "causal": False, "bucket": 3, "choice": 1}]
+               {"pass": 1, "d": 128, "causal": False, "bucket": 3, "choice": 3}]
     path = tmp_path / "sub" / "gpu-hash.json"
     tune.save(path, entries, {"device": "x"})
     assert not path.with_suffix(".tmp").exists()
     ext = FakeExt()
     tune.apply(ext, tune.load(path))
-    assert ext.calls == [(0, 64, True, 1, 0), (1, 128, False, 3, 1)]
+    assert ext.calls == [(0, 64, True, 1, 0), (1, 128, False, 3, 3)]
 
 
-@pytest.mark.parametrize("text", ["not json", json.dumps({"format": 99, "entries": []}),
-                                  json.dumps({"format": 1, "entries": [{"pass": 0}]})])
+def _entry(**kw):
+    return {"pass": 1, "d": 128, "causal": True, "bucket": 3, "choice": 3, **kw}
+
+
+@pytest.mark.parametrize("text", [
+    "not json", json.dumps({"format": 99, "entries": []}),
+    json.dumps({"format": 1, "entries": [_entry(choice=1)]}),  # session 14's format: another build's file
+    json.dumps({"format": tune.FORMAT, "entries": [{"pass": 0}]}),
+    json.dumps({"format": tune.FORMAT, "entries": [{**_entry(), "pass": 0}]}),  # the forward has no schedules
+    json.dumps({"format": tune.FORMAT, "entries": [_entry(bucket=0)]}),  # <= 1k: the threshold's bucket
+    json.dumps({"format": tune.FORMAT, "entries": [_entry(choice=1)]})])  # backward > 1k: a schedule
 def test_bad_cache_files_are_refused_with_the_reason(tmp_path, text):
     path = tmp_path / "c.json"
     path.write_text(text)
@@ -53,9 +68,12 @@ def test_bad_cache_files_are_refused_with_the_reason(tmp_path, text):
 
 
 def test_table_names_the_winner():
-    out = tune.table([{"pass": 1, "d": 128, "causal": True, "bucket": 3, "choice": 1,
-                       "ms": {"fa2": 2.0, "hopper": 1.5}}])
-    assert "| bwd | 128 | yes | >4k | 2.000 | 1.500 | Hopper |" in out
+    out = tune.table([{"pass": 1, "d": 128, "causal": True, "bucket": 3, "choice": 3,
+                       "ms": {"fa2": 2.0, "lockstep": 1.6, "turns": 1.5}},
+                      {"pass": 0, "d": 64, "causal": False, "bucket": 0, "choice": 0,
+                       "ms": {"fa2": 1.0, "hopper": 1.1}}])
+    assert "| bwd | 128 | yes | >4k | 2.000 | - | 1.600 / 1.500 | Hopper, turns |" in out
+    assert "| fwd | 64 | no | <=1k | 1.000 | 1.100 | - | FA2 |" in out
 
 
 def test_without_a_gpu(capsys):

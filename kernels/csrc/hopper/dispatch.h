@@ -74,19 +74,6 @@ inline int fwd_warpgroups_hd64() {
     return 3;
 }
 
-// The TMA backward's two consumer warpgroups take turns on the tensor pipe, each block's dQ product
-// one step late (v25 at head dim 128, v26 at 64; flash_bwd_sm90_ws.h), from 1024 queries (max per
-// sequence when packed); below, the late dQ's ramp and the turns cost more than they hide (H100:
-// head dim 64 non-causal 512 -4%, head dim 128 512 -0.6% / 0%; from 1k on 0 to +7%). Otherwise the
-// warpgroups walk in lock-step and meet before each dQ product, as up to v24.
-// FLASHGPT_SM90_BWD_PINGPONG=0: lock-step everywhere, =1: turns at every size (read on every call;
-// kernels/bench.py --compare-bwdlockstep, the tests' "bwdpingpong" path).
-inline bool pingpong_backward(int seqlen_q) {
-    if (env_is("FLASHGPT_SM90_BWD_PINGPONG", "0")) return false;
-    if (env_is("FLASHGPT_SM90_BWD_PINGPONG", "1")) return true;
-    return seqlen_q >= 1024;
-}
-
 // Streaming multiprocessors of the current device (read once per process and device ordinal).
 inline int sm_count() {
     static int cached[64] = {0};
@@ -119,6 +106,23 @@ inline bool use(Pass pass, int head_dim, bool causal, int seqlen_k) {
     // (Sessions 6-7 defaulted to the FA2 backward for head dim 64 below 2k keys, 2-7% faster then;
     // with session 8's tiled dQ accumulator the TMA backward is ahead there too, +2-30% f+b.)
     return sm90_choice(pass, head_dim, causal, seqlen_bucket(seqlen_k)) != 0;
+}
+
+// The TMA backward's two consumer warpgroups take turns on the tensor pipe, each block's dQ product
+// one step late (v25 at head dim 128, v26 at 64; flash_bwd_sm90_ws.h), from 1024 queries (max per
+// sequence when packed); below, the late dQ's ramp and the turns cost more than they hide (H100:
+// head dim 64 non-causal 512 -4%, head dim 128 512 -0.6% / 0%; from 1k on 0 to +7%). Otherwise the
+// warpgroups walk in lock-step and meet before each dQ product, as up to v24.
+// Above 1k keys kernels/tune.py times both per shape class and its cache can set either (choice 2 / 3
+// of the backward); the <= 1k bucket holds both sides of the threshold, so there it stays.
+// FLASHGPT_SM90_BWD_PINGPONG=0: lock-step everywhere, =1: turns at every size, over the cache too
+// (read on every call; kernels/bench.py --compare-bwdlockstep, the tests' "bwdpingpong" path).
+inline bool pingpong_backward(int head_dim, bool causal, int seqlen_q, int seqlen_k) {
+    if (env_is("FLASHGPT_SM90_BWD_PINGPONG", "0")) return false;
+    if (env_is("FLASHGPT_SM90_BWD_PINGPONG", "1")) return true;
+    const int tuned = sm90_choice(kBwd, head_dim, causal, seqlen_bucket(seqlen_k));  // 2 / 3 above 1k only
+    if (tuned == 2 || tuned == 3) return tuned == 3;
+    return seqlen_q >= 1024;
 }
 
 }  // namespace sm90

@@ -542,7 +542,7 @@ bool run_flash_bwd_sm90_ws(Flash_bwd_params &params, cudaStream_t stream) {
                                 params.dv_head_stride, params.dv_batch_stride, 64);
     const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_k, kBwsBN), /*default_group=*/2);
     const bool is_even = !varlen && params.seqlen_q % BwsSmem<D>::BM == 0 && params.seqlen_k % kBwsBN == 0;
-    const bool pingpong = pingpong_backward(params.seqlen_q);
+    const bool pingpong = pingpong_backward(D, params.is_causal, params.seqlen_q, params.seqlen_k);
     BOOL_SWITCH(is_even, Is_even, [&] {
         auto launch = [&](auto kernel, int smem) {
             FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
