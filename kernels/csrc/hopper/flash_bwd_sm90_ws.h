@@ -245,17 +245,8 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
 
-    // P^T of block m in place of its S^T (masked only where the block crosses the diagonal or an end).
-    auto exp_block = [&](int m, int s, auto &acc_s) {
-        const bool need_mask = (Is_causal && n_block * BN + BN - 1 > m * BM + range.causal_off) ||
-                               (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk));
-        exp_pt</*kLseLog2=*/true>(acc_s, sLSE + s * BM, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t,
-                                  [&](int key, int q) {
-                                      return key >= seq.sk || q >= seq.sq || (Is_causal && key > q + range.causal_off);
-                                  });
-    };
     // Block m (the it-th): wait for slot it % 2 (Q, dO, LSE, D), issue S^T and dP^T on it, and once S^T
-    // has landed turn it into P^T in place.
+    // has landed turn it into P^T in place (masked only where the block crosses the diagonal or an end).
     auto st_dpt_exp = [&](int m, int it, auto &acc_s, auto &acc_dp) {
         const int s = it & 1;
         mbar_wait(q_full + 8 * s, (it >> 1) & 1);
@@ -264,7 +255,12 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         issue_st_dpt<T, D>(acc_s, acc_dp, k_rows, v_rows, sQ + s * L::Q, sdO + s * L::Q);
         wgmma_wait<1>();  // S^T has landed
         BWD_TRACE(trace, cw, it, 10);  // 10 S^T landed
-        exp_block(m, s, acc_s);
+        const bool need_mask = (Is_causal && n_block * BN + BN - 1 > m * BM + range.causal_off) ||
+                               (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk));
+        exp_pt</*kLseLog2=*/true>(acc_s, sLSE + s * BM, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t,
+                                  [&](int key, int q) {
+                                      return key >= seq.sk || q >= seq.sq || (Is_causal && key > q + range.causal_off);
+                                  });
     };
     // Block it's dQ slice (this warpgroup's 64 x 64 fp32 accumulator) into sub-tile cw of staging
     // buffer it % DQS, once the bulk unit has read what that buffer held; then hand it over.
@@ -276,9 +272,18 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         mbar_arrive_if(dq_full + 8 * st, true);
     };
 
-    // Pingpong loops: block it's dQ product (one group), once both warpgroups' halves of its dS^T are in
-    // buffer it % 3. Head dim 128: head-dim columns 64cw.. (B = K's atom column cw); 64: queries 64cw..
-    // (A = dS^T's atom column cw), all of K.
+    // Pingpong loops (both head dims). A warpgroup's turn to issue S^T and dP^T: barrier 8 + cw, passed
+    // to it by the other after that one's dV; warpgroup 1 opens, and warpgroup 2's last step passes no
+    // turn, so arrivals match syncs.
+    auto take_turn = [&](int it) {
+        if (cw == 1 || it > 0) named_barrier_sync(8 + cw, 256);
+    };
+    auto pass_turn = [&](int m) {
+        if (cw == 0 || m + 1 < range.m_max) named_barrier_arrive(8 + (1 - cw), 256);
+    };
+    // Block it's dQ product (one group), once both warpgroups' halves of its dS^T are in buffer it % 3.
+    // Head dim 128: head-dim columns 64cw.. (B = K's atom column cw); 64: queries 64cw.. (A = dS^T's
+    // atom column cw), all of K.
     auto dq_product = [&](float (&acc_dq)[32], int it) {
         const int bd = it % 3;
         mbar_wait(ds_full + 8 * bd, (it / 3) & 1);
@@ -286,6 +291,31 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         wgmma_fence();
         if constexpr (D == 64) issue_dq<T>(acc_dq, s0 + L::dS + bd * L::DS + cw * BN * 128, sK);
         else issue_dq<T>(acc_dq, s0 + L::dS + bd * L::DS, k_cols);
+    };
+    // The end of step it (slot s), its dV / dK issued: the previous block's dQ product, then the wait
+    // for all of them, the slot and the previous dS^T buffer released, and that dQ staged.
+    auto finish_step = [&](int it, int s) {
+        if (it > 0) {
+            float acc_dq[32];
+            dq_product(acc_dq, it - 1);
+            wgmma_wait<0>();  // dV, dK of this block, dQ of the previous one
+            BWD_TRACE(trace, cw, it, 7);
+            mbar_arrive_if(q_empty + 8 * s, true);                  // slot s is read
+            mbar_arrive_if(ds_empty + 8 * ((it - 1) % 3), true);  // dS^T of block it - 1 is read
+            stage_dq(acc_dq, it - 1);  // sub-tile cw
+        } else {
+            wgmma_wait<0>();
+            BWD_TRACE(trace, cw, it, 7);
+            mbar_arrive_if(q_empty + 8 * s, true);
+        }
+    };
+    auto last_dq = [&](int steps) {  // after the loop: the last block's dQ
+        if (steps > 0) {
+            float acc_dq[32];
+            dq_product(acc_dq, steps - 1);
+            wgmma_wait<0>();
+            stage_dq(acc_dq, steps - 1);
+        }
     };
 
     mbar_wait(kv_full, 0);
@@ -303,7 +333,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             const uint32_t ds_rows = s0 + L::dS + bd * L::DS + cw * 64 * 128;  // this warpgroup's key rows
 
             float acc_s[BM / 2], acc_dp[BM / 2];
-            if (cw == 1 || it > 0) named_barrier_sync(8 + cw, 256);  // this warpgroup's turn
+            take_turn(it);
             st_dpt_exp(m, it, acc_s, acc_dp);
             uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
             to_a_fragments<T>(acc_s, a_p);
@@ -313,7 +343,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             named_barrier_sync(3 + cw, 128);  // this warpgroup's four warps' P^T rows are in
             wgmma_fence();
             issue_ss_over_queries<T, D, BM>(acc_dv, ds_rows, do_base);
-            if (cw == 0 || m + 1 < range.m_max) named_barrier_arrive(8 + (1 - cw), 256);  // the other's turn
+            pass_turn(m);
             wgmma_wait<1>();  // dP^T has landed (dV may still run)
             make_dst<T>(a_p, acc_s, acc_dp, sDs, t, a_ds);
             wgmma_wait<0>();  // dV has read P^T: its rows take dS^T
@@ -323,24 +353,9 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             named_barrier_sync(3 + cw, 128);  // this warpgroup's dS^T rows are in (its dK reads them)
             wgmma_fence();
             issue_ss_over_queries<T, D, BM>(acc_dk, ds_rows, q_base);
-            if (it > 0) {
-                float acc_dq[32];
-                dq_product(acc_dq, it - 1);
-                wgmma_wait<0>();  // dK of this block, dQ of the previous one
-                mbar_arrive_if(q_empty + 8 * s, true);
-                mbar_arrive_if(ds_empty + 8 * ((it - 1) % 3), true);
-                stage_dq(acc_dq, it - 1);  // sub-tile cw: queries 64cw..
-            } else {
-                wgmma_wait<0>();
-                mbar_arrive_if(q_empty + 8 * s, true);
-            }
+            finish_step(it, s);
         }
-        if (steps > 0) {  // the last block's dQ
-            float acc_dq[32];
-            dq_product(acc_dq, steps - 1);
-            wgmma_wait<0>();
-            stage_dq(acc_dq, steps - 1);
-        }
+        last_dq(steps);
     } else if constexpr (D == 64) {
         // Head dim 64, 128 queries per block: per block a warpgroup's products are half as long as at
         // head dim 128 while its elementwise work and fixed costs are not, so the block is twice as
@@ -401,15 +416,14 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
 
             float acc_s[32], acc_dp[32];
             BWD_TRACE(trace, cw, it, 0);
-            if (cw == 1 || it > 0) named_barrier_sync(8 + cw, 256);  // this warpgroup's turn (8 + cw)
+            take_turn(it);
             st_dpt_exp(m, it, acc_s, acc_dp);
             BWD_TRACE(trace, cw, it, 1);
             uint32_t a_p[4][4], a_ds[4][4];
             to_a_fragments<T>(acc_s, a_p);
             wgmma_fence();
             issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
-            // the other warpgroup's turn (warpgroup 2's last step passes none: arrivals match syncs)
-            if (cw == 0 || m + 1 < range.m_max) named_barrier_arrive(8 + (1 - cw), 256);
+            pass_turn(m);
             BWD_TRACE(trace, cw, it, 2);
             wgmma_wait<1>();  // dP^T has landed (dV may still run)
             BWD_TRACE(trace, cw, it, 3);
@@ -422,27 +436,10 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             fence_async_smem();  // dS^T stores -> visible to wgmma
             mbar_arrive_if(ds_full + 8 * bd, true);
             BWD_TRACE(trace, cw, it, 5);
-            if (it > 0) {
-                float acc_dq[32];
-                dq_product(acc_dq, it - 1);
-                wgmma_wait<0>();  // dV, dK of this block, dQ of the previous one
-                BWD_TRACE(trace, cw, it, 7);
-                mbar_arrive_if(q_empty + 8 * s, true);                  // slot s is read
-                mbar_arrive_if(ds_empty + 8 * ((it - 1) % 3), true);  // dS^T of block it - 1 is read
-                stage_dq(acc_dq, it - 1);
-            } else {
-                wgmma_wait<0>();
-                BWD_TRACE(trace, cw, it, 7);
-                mbar_arrive_if(q_empty + 8 * s, true);
-            }
+            finish_step(it, s);
             BWD_TRACE(trace, cw, it, 8);
         }
-        if (steps > 0) {  // the last block's dQ
-            float acc_dq[32];
-            dq_product(acc_dq, steps - 1);
-            wgmma_wait<0>();
-            stage_dq(acc_dq, steps - 1);
-        }
+        last_dq(steps);
     } else
     for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
         const int s = it & 1;  // Q / dO slot and dS^T buffer
