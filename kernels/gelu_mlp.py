@@ -10,9 +10,13 @@ backward per layer on an H100):
             (cuBLASLt's DGELU_BGRAD / BGRADB epilogues would fold these into the GEMMs, but on an H100
             its picks ran them as separate kernels, slower than these: kernels/NOTES.md, session 14.)
 What the backward keeps is the same as the compiled plain MLP's: x, pre and g (g for w2's gradient).
+Given fp32 gradient buffers (main_grad1 / main_grad2, the fp32 weights' .grad: training/weight_cache.py),
+the backward adds the weight gradients into them inside their GEMMs (kernels/wgrad.py) and returns none
+for w1 / w2.
 
 Ops (torch.library.custom_op, fake kernels for torch.compile, autograd registered):
-    flashgpt::gelu_mlp(x (M, d), w1 (h, d), b1 (h)?, w2 (d, h), b2 (d)?) -> (y (M, d), pre, g (M, h))
+    flashgpt::gelu_mlp(x (M, d), w1 (h, d), b1 (h)?, w2 (d, h), b2 (d)?, main_grad1 (h, d)?,
+                       main_grad2 (d, h)?) -> (y (M, d), pre, g (M, h))
     flashgpt::gelu_backward_bias(dg (M, h), pre (M, h)) -> (dpre (M, h), partial (R, h) fp32)
 The backward's products (dg, dx, dw1, dw2) and b2's gradient are ordinary torch ops, which
 torch.compile traces as it does for the plain MLP.
@@ -28,6 +32,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .wgrad import accumulate as wgrad_accumulate, accumulate_op as wgrad_accumulate_op, linear as wgrad_linear
 
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -52,28 +58,37 @@ def _forward(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Option
     return y, pre, g
 
 
-def _backward_with(gelu_backward_bias, saved, has_b1: bool, has_b2: bool, dy: Tensor):
-    """Gradients of (x, w1, b1, w2, b2); `gelu_backward_bias` is the op (traced by torch.compile) or
-    the binding (eager)."""
-    x, w1, w2, pre, g = saved
+def _backward_with(gelu_backward_bias, accumulate, saved, has_b1: bool, has_b2: bool, dy: Tensor):
+    """Gradients of (x, w1, b1, w2, b2, main_grad1, main_grad2); `gelu_backward_bias` and
+    `accumulate` are the ops (traced by torch.compile) or the direct calls (eager). A weight with a
+    main_grad gets None: its gradient went into the buffer."""
+    x, w1, w2, pre, g, main1, main2 = saved
     dy = dy.contiguous()
     dpre, partial = gelu_backward_bias(dy @ w2, pre)  # (M, d) (d, h) -> (M, h); partial (R, h) fp32
     db1 = partial.sum(0).to(dpre.dtype) if has_b1 else None
     dx = dpre @ w1                  # (M, h) (h, d) -> (M, d)
-    dw1 = dpre.t() @ x              # (h, M) (M, d) -> (h, d)
-    dw2 = dy.t() @ g                # (d, M) (M, h) -> (d, h)
+    dw1 = _weight_grad(accumulate, dpre, x, main1)  # (h, M) (M, d) -> (h, d)
+    dw2 = _weight_grad(accumulate, dy, g, main2)    # (d, M) (M, h) -> (d, h)
     db2 = dy.sum(0) if has_b2 else None
-    return dx, dw1, db1, dw2, db2
+    return dx, dw1, db1, dw2, db2, None, None
+
+
+def _weight_grad(accumulate, dout: Tensor, inp: Tensor, main_grad: Optional[Tensor]) -> Optional[Tensor]:
+    """dout^T inp, returned, or added into main_grad (fp32) by the GEMM and None returned."""
+    if main_grad is None:
+        return dout.t() @ inp
+    accumulate(dout, inp, main_grad)
+    return None
 
 
 @torch.library.custom_op("flashgpt::gelu_mlp", mutates_args=())
-def _gelu_mlp_op(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor,
-                 b2: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-    return _forward(x, w1, b1, w2, b2)
+def _gelu_mlp_op(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
+                 main_grad1: Optional[Tensor], main_grad2: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    return _forward(x, w1, b1, w2, b2)  # the main_grads are for the backward
 
 
 @_gelu_mlp_op.register_fake
-def _(x, w1, b1, w2, b2):
+def _(x, w1, b1, w2, b2, main_grad1, main_grad2):
     m, h = x.shape[0], w1.shape[0]
     return x.new_empty(m, w2.shape[0]), x.new_empty(m, h), x.new_empty(m, h)
 
@@ -97,16 +112,17 @@ def _(dg, pre):
 
 
 def _setup_context(ctx, inputs, output):
-    x, w1, b1, w2, b2 = inputs
+    x, w1, b1, w2, b2, main1, main2 = inputs
     _, pre, g = output
-    ctx.save_for_backward(x, w1, w2, pre, g)
+    ctx.save_for_backward(x, w1, w2, pre, g, main1, main2)
     ctx.has_b1, ctx.has_b2 = b1 is not None, b2 is not None
     ctx.mark_non_differentiable(pre, g)
 
 
 def _backward(ctx, dy, dpre_out, dg_out):
     # dpre_out / dg_out are None: pre and g are saved intermediates, not differentiable outputs.
-    return _backward_with(_gelu_backward_bias_op, ctx.saved_tensors, ctx.has_b1, ctx.has_b2, dy)
+    return _backward_with(_gelu_backward_bias_op, wgrad_accumulate_op, ctx.saved_tensors, ctx.has_b1,
+                          ctx.has_b2, dy)
 
 
 _gelu_mlp_op.register_autograd(_backward, setup_context=_setup_context)
@@ -117,15 +133,24 @@ class _EagerGeluMLP(torch.autograd.Function):
     op's Python dispatch costs tens of microseconds per call; see kernels/flash_attn.py)."""
 
     @staticmethod
-    def forward(ctx, x, w1, b1, w2, b2):
+    def forward(ctx, x, w1, b1, w2, b2, main1, main2):
         y, pre, g = _forward(x, w1, b1, w2, b2)
-        ctx.save_for_backward(x, w1, w2, pre, g)
+        ctx.save_for_backward(x, w1, w2, pre, g, main1, main2)
         ctx.has_b1, ctx.has_b2 = b1 is not None, b2 is not None
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        return _backward_with(_ext().gelu_backward_bias, ctx.saved_tensors, ctx.has_b1, ctx.has_b2, dy)
+        return _backward_with(_ext().gelu_backward_bias, wgrad_accumulate, ctx.saved_tensors, ctx.has_b1,
+                              ctx.has_b2, dy)
+
+
+def _torch_mlp(x, w1, b1, w2, b2, main1, main2) -> Tensor:
+    """reference_mlp, each projection's weight gradient into its main_grad where one is given."""
+    def project(t, w, b, main):
+        return F.linear(t, w, b) if main is None else wgrad_linear(t, w, b, main)
+
+    return project(F.gelu(project(x, w1, b1, main1), approximate="tanh"), w2, b2, main2)
 
 
 def gelu_mlp_supported(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor]) -> str:
@@ -150,15 +175,17 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return x.dtype
 
 
-def gelu_mlp(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor]) -> Tensor:
+def gelu_mlp(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
+             main_grad1: Optional[Tensor] = None, main_grad2: Optional[Tensor] = None) -> Tensor:
     """gelu_tanh(x w1^T + b1) w2^T + b2 for x (..., d), w1 (h, d), w2 (d, h): the fused op on CUDA in
-    bf16 / fp16 (autocast's dtype when it is on), the plain torch MLP otherwise."""
+    bf16 / fp16 (autocast's dtype when it is on), the plain torch MLP otherwise. With main_grad1 /
+    main_grad2 (fp32, w1's / w2's shape) the weights' gradients are added into them (kernels/wgrad.py)."""
     if gelu_mlp_supported(x, w1, b1, w2, b2):
-        return reference_mlp(x, w1, b1, w2, b2)
+        return _torch_mlp(x, w1, b1, w2, b2, main_grad1, main_grad2)
     dtype = _compute_dtype(x)
     lead = x.shape[:-1]
     args = [t.to(dtype).contiguous() if t is not None else None
-            for t in (x.reshape(-1, x.shape[-1]), w1, b1, w2, b2)]
+            for t in (x.reshape(-1, x.shape[-1]), w1, b1, w2, b2)] + [main_grad1, main_grad2]
     if torch.compiler.is_compiling():
         y = _gelu_mlp_op(*args)[0]
     else:

@@ -95,6 +95,9 @@ class CausalSelfAttention(nn.Module):
         assert backend in BACKENDS, backend
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
         kv_dim = self.n_kv_head * self.head_dim
+        # Plain nn.Linear (no main_grad slot, model/linear.py): with the weight-gradient GEMMs
+        # accumulating into fp32 around attention, the inductor-compiled step gave wrong gradients on
+        # CUDA (eager and aot_eager were right; kernels/NOTES.md session 16), so these keep the fold.
         self.qkv = nn.Linear(cfg.d_model, cfg.d_model + 2 * kv_dim, bias=cfg.bias)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.proj.is_residual_out = True  # scaled init (GPT-2)

@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model.config import GPTConfig
+from model.linear import Linear
 
 
 def resolve_mlp(requested: str, device: torch.device, dtype: torch.dtype = torch.bfloat16,
@@ -48,8 +49,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig, impl: str = "torch"):
         super().__init__()
         hidden = cfg.mlp_ratio * cfg.d_model
-        self.fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
-        self.proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
+        self.fc = Linear(cfg.d_model, hidden, bias=cfg.bias)
+        self.proj = Linear(hidden, cfg.d_model, bias=cfg.bias)
         self.proj.is_residual_out = True
         self.dropout = nn.Dropout(cfg.dropout)
         self.impl = impl
@@ -58,5 +59,6 @@ class MLP(nn.Module):
         if self.impl == "fused":
             from kernels.gelu_mlp import gelu_mlp  # falls back to the torch MLP off CUDA (e.g. a CPU eval)
 
-            return self.dropout(gelu_mlp(x, self.fc.weight, self.fc.bias, self.proj.weight, self.proj.bias))
+            return self.dropout(gelu_mlp(x, self.fc.weight, self.fc.bias, self.proj.weight, self.proj.bias,
+                                         self.fc.main_grad, self.proj.main_grad))
         return self.dropout(self.proj(F.gelu(self.fc(x), approximate="tanh")))

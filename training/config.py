@@ -65,6 +65,10 @@ class EngineConfig:
     # torch engine, one process, autocast: cast the matmul weights to bf16 once per optimizer step, not
     # once per micro-batch (training/weight_cache.py) | disabled
     weight_cache: str = "auto"
+    # with the weight cache: the weight-gradient GEMMs add their fp32 result straight into the fp32
+    # .grad (kernels/wgrad.py) instead of writing a bf16 gradient for a second kernel to add | auto (on
+    # CUDA where our extension loads) | enabled (also on CPU, slowly: for tests) | disabled
+    wgrad_fp32: str = "auto"
 
 
 @dataclass
@@ -219,6 +223,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     _choice(cfg.engine.parallel, ("ddp", "fsdp"), "engine.parallel")
     _choice(cfg.engine.backend, ("auto", "nccl", "gloo"), "engine.backend")
     _choice(cfg.engine.weight_cache, ("auto", "disabled"), "engine.weight_cache")
+    _choice(cfg.engine.wgrad_fp32, ("auto", "enabled", "disabled"), "engine.wgrad_fp32")
     _choice(cfg.engine.ds_optimizer, ("ours", "deepspeed"), "engine.ds_optimizer")
     if cfg.engine.bucket_mb <= 0:
         raise ConfigError(f"engine.bucket_mb={cfg.engine.bucket_mb} must be positive")

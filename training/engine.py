@@ -78,6 +78,20 @@ def weight_cache_choice(cfg: Config, dist: DistInfo, amp_dtype) -> tuple:
     return True, f"matmul weights cast to {str(amp_dtype).split('.')[-1]} once per optimizer step"
 
 
+def wgrad_fp32_choice(cfg: Config, device: torch.device) -> tuple:
+    """(weight-gradient GEMMs accumulate into the fp32 .grad?, why), given that the weight cache is on."""
+    choice = cfg.engine.wgrad_fp32
+    if choice != "auto":
+        return choice == "enabled", f"engine.wgrad_fp32={choice}"
+    if device.type != "cuda":
+        return False, f"auto: on {device.type} the bf16 gradients fold as before"
+    import kernels
+
+    if not kernels.is_available():
+        return False, f"auto: our CUDA extension is unavailable ({kernels.unavailable_reason()})"
+    return True, "weight gradients accumulate in fp32 inside their GEMMs (kernels/wgrad.py)"
+
+
 def functional_forward(model: torch.nn.Module):
     """model(*inputs) with some parameters replaced by the given tensors (the weight cache)."""
     def run(params, *inputs):
@@ -108,7 +122,8 @@ class TorchEngine(Engine):
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         use_cache, _ = weight_cache_choice(cfg, dist, self.amp_dtype)
         if use_cache:
-            self.weight_cache = WeightCache(self.model, self.amp_dtype)
+            fp32_wgrad, _ = wgrad_fp32_choice(cfg, self.device)
+            self.weight_cache = WeightCache(self.model, self.amp_dtype, fp32_wgrad)
             run = functional_forward(self.model)
             self.cached_forward = torch.compile(run) if cfg.train.compile else run
 

@@ -274,13 +274,19 @@ class Trainer:
     def _due(self, interval: int) -> bool:
         return interval > 0 and self.step % interval == 0
 
+    def _weight_cache_banner(self) -> str:
+        cache = getattr(self.engine, "weight_cache", None)
+        if cache is None:
+            return ""
+        return " | weight cache" + (" + fp32 weight gradients" if cache.accumulated else "")
+
     def _banner(self, resumed: Optional[Path], peak_src: str) -> str:
         c = self.cfg
         return (f"run {self.run_dir} | {c.model.n_layer}L d{c.model.d_model} h{c.model.n_head} "
                 f"seq {c.model.seq_len} | {c.model.num_params() / 1e6:.2f}M params | attention "
                 f"{self.engine.model.attention_backend} | MLP {getattr(self.engine.model, 'mlp_impl', 'torch')}"
                 f"{' | torch.compile' if self.engine.compiled else ''}"
-                f"{' | weight cache' if getattr(self.engine, 'weight_cache', None) is not None else ''} | "
+                f"{self._weight_cache_banner()} | "
                 f"{self.dist.world_size} rank(s) on "
                 f"{self.dist.device if self.dist.world_size == 1 else self.dist.device.type + ' (a device per rank)'}"
                 f" | micro-batch {c.train.micro_batch_size} x accum {self.accum} = "

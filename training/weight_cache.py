@@ -17,6 +17,14 @@ gradient clipping and evaluation keep seeing the fp32 parameters only.
 Cached: the weights and biases of `nn.Linear` modules whose weight is not shared with another module
 (the output head is tied to the fp32 token embedding, which autocast does not cast). LayerNorm and
 embedding parameters run in fp32 under autocast and stay as they are.
+
+With `fp32_wgrad=True`, the weights of modules that take a `main_grad` buffer (model/linear.py) skip
+the fold: `tensors()` also hands each such module its fp32 parameter's .grad (zeroed when absent) as
+`main_grad`, and the backward's weight-gradient GEMM adds its fp32 result straight into it
+(kernels/wgrad.py): no bf16 weight gradient is written or folded, and the product is not rounded to
+bf16 on the way (the run is then not bit-identical to autocast's, but closer to fp32). Biases still
+fold. The fp32 .grad of those weights then exists from the first micro-batch's forward on, not from
+its backward.
 """
 from __future__ import annotations
 
@@ -52,14 +60,21 @@ class WeightCache:
         optimizer.step(); cache.invalidate()  # the next tensors() call copies the new weights
     """
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype):
+    def __init__(self, model: nn.Module, dtype: torch.dtype, fp32_wgrad: bool = False):
         self.names, self.masters = [], []
         for name, p in cacheable_parameters(model):
             self.names.append(name)
             self.masters.append(p)
-        self.copies = [torch.empty_like(p, dtype=dtype).requires_grad_() for p in self.masters]
-        for copy, master in zip(self.copies, self.masters):
-            copy.register_post_accumulate_grad_hook(self._folder(master))
+        # (module's main_grad buffer name, fp32 weight) for the weights whose GEMM accumulates in fp32
+        self.accumulated = fp32_wgrad_targets(model, dict(zip(self.names, self.masters))) if fp32_wgrad else []
+        in_gemm = {id(master) for _, master in self.accumulated}
+        self.copies = []
+        for master in self.masters:
+            copy = torch.empty_like(master, dtype=dtype)
+            if id(master) not in in_gemm:  # its bf16 gradient is folded into the fp32 .grad
+                copy.requires_grad_()
+                copy.register_post_accumulate_grad_hook(self._folder(master))
+            self.copies.append(copy)
         self.by_name = dict(zip(self.names, self.copies))  # the same tensors every step: built once
         self.stale = True
 
@@ -87,7 +102,26 @@ class WeightCache:
         self.stale = False
 
     def tensors(self) -> Dict[str, torch.Tensor]:
-        """name -> low-precision copy, current with the fp32 parameters (for functional_call)."""
+        """name -> low-precision copy, current with the fp32 parameters (for functional_call); with
+        fp32_wgrad also `<module>.main_grad` -> the fp32 weight's .grad (allocated as zeros if None)."""
         if self.stale:
             self.refresh()
+        if self.accumulated and any(master.grad is None for _, master in self.accumulated):
+            with torch.no_grad():
+                for buffer_name, master in self.accumulated:
+                    if master.grad is None:
+                        self.by_name.pop(buffer_name, None)  # free the last step's buffer first
+                        master.grad = torch.zeros_like(master)
+                    self.by_name[buffer_name] = master.grad
         return self.by_name
+
+
+def fp32_wgrad_targets(model: nn.Module, cached: Dict[str, nn.Parameter]) -> List[Tuple[str, nn.Parameter]]:
+    """(`<module>.main_grad`, fp32 weight) for each module with a main_grad buffer slot
+    (model/linear.py) whose weight is cached."""
+    out = []
+    for prefix, module in model.named_modules():
+        weight_name = f"{prefix}.weight" if prefix else "weight"
+        if "main_grad" in module._buffers and weight_name in cached:
+            out.append((f"{prefix}.main_grad" if prefix else "main_grad", cached[weight_name]))
+    return out

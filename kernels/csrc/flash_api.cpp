@@ -299,6 +299,7 @@ std::vector<at::Tensor> wgmma_probe(const at::Tensor &a, const at::Tensor &b, co
 }  // namespace
 
 void register_gelu_mlp(pybind11::module_ &m);  // mlp/gelu_mlp_api.cpp: the cuBLASLt GELU-epilogue GEMMs
+void register_wgrad(pybind11::module_ &m);     // mlp/wgrad_api.cpp: weight gradients into fp32 (beta = 1)
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "flashgpt FlashAttention-2 kernels (forward, backward)";
@@ -315,4 +316,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("bwd_takes_turns", &bwd_takes_turns, "tests: whether the TMA backward's warpgroups take turns "
           "(head_dim, causal, seqlen_q, seqlen_k)");
     register_gelu_mlp(m);
+    register_wgrad(m);
 }

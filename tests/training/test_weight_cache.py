@@ -9,7 +9,7 @@ import torch
 from model.gpt import GPT
 from training.config import ConfigError, load_config
 from training.distributed import DistInfo
-from training.engine import TorchEngine, weight_cache_choice
+from training.engine import TorchEngine, weight_cache_choice, wgrad_fp32_choice
 from training.weight_cache import WeightCache, cacheable_parameters
 
 SMALL = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.vocab_size=320", "model.seq_len=24",
@@ -147,6 +147,40 @@ def test_when_the_cache_is_used():
     assert not weight_cache_choice(small_cfg("engine.weight_cache=disabled"), DistInfo(), torch.bfloat16)[0]
     with pytest.raises(ConfigError, match="engine.weight_cache"):
         small_cfg("engine.weight_cache=yes")
+    # fp32 weight-gradient accumulation: auto only where our CUDA extension runs it
+    cpu = torch.device("cpu")
+    assert not wgrad_fp32_choice(on, cpu)[0]
+    assert wgrad_fp32_choice(small_cfg("engine.wgrad_fp32=enabled"), cpu)[0]
+    assert not wgrad_fp32_choice(small_cfg("engine.wgrad_fp32=disabled"), cpu)[0]
+    with pytest.raises(ConfigError, match="engine.wgrad_fp32"):
+        small_cfg("engine.wgrad_fp32=yes")
     # the tiny CPU run (fp32) and its config defaults keep the plain path
     tiny = load_config("tiny_cpu.yaml")
     assert tiny.engine.weight_cache == "auto" and tiny.train.dtype == "auto"
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_fp32_weight_gradients_replace_the_fold(compile):
+    """engine.wgrad_fp32=enabled (on the CPU through torch's fp32 addmm): the Linear weights' gradients
+    are added into the fp32 .grad by the backward itself, not folded from bf16 copies' grads. Against
+    the fold: every gradient equal up to the bf16 rounding of the weight gradients that the fold adds
+    (and biases, still folded, within that too), and the same loss curve."""
+    flags = ["train.compile=true"] if compile else []
+    on, fold = engine_for(small_cfg("engine.wgrad_fp32=enabled", *flags)), engine_for(small_cfg(*flags))
+    assert [n for n, _ in on.weight_cache.accumulated] == [
+        f"blocks.{i}.{m}.main_grad" for i in range(2) for m in ("mlp.fc", "mlp.proj")]  # not attention's
+    assert fold.weight_cache.accumulated == []
+    data = batches(on.cfg, 9, seed=5)
+    for b in data[:3]:
+        on.forward_backward(b, sync=True)
+        fold.forward_backward(b, sync=True)
+    assert all(c.grad is None for c in on.weight_cache.copies)  # nothing left in bf16
+    for (name, p), q in zip(on.model.named_parameters(), fold.model.parameters()):
+        scale = float(q.grad.abs().max())
+        assert scale > 0 and p.grad.dtype == torch.float32, name
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=2e-2 * scale, msg=name)
+    for e in (on, fold):
+        e.grad_norm()
+        e.step()
+    assert all(p.grad is None for p in on.model.parameters())  # step() cleared; tensors() re-zeroes
+    assert train(on, data[3:], 2) == pytest.approx(train(fold, data[3:], 2), rel=5e-3)

@@ -16,15 +16,9 @@
 
 #include "mlp/gelu_backward.h"
 #include "mlp/lt_matmul.h"
+#include "mlp/lt_torch.h"
 
 namespace {
-
-cudaDataType_t lt_type(const at::Tensor &t) {
-    TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf,
-                "flashgpt.gelu_mlp: tensors must be bfloat16 or float16, got ", t.scalar_type(),
-                " (run under bf16 autocast, or cast the model)");
-    return t.scalar_type() == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
-}
 
 void check_matrix(const at::Tensor &t, const char *name, const at::Tensor &like) {
     TORCH_CHECK(t.is_cuda(), "flashgpt.gelu_mlp: ", name, " must be a CUDA tensor");
@@ -35,16 +29,8 @@ void check_matrix(const at::Tensor &t, const char *name, const at::Tensor &like)
                 " must be a multiple of 8 (16-byte rows for cuBLASLt)");
 }
 
-// cuBLASLt's workspace: 32 MiB (what NVIDIA recommends on Hopper), from torch's caching allocator,
-// so it is freed stream-ordered once the call is queued.
-constexpr int64_t kWorkspaceBytes = 32 << 20;
-
 void run(const flashgpt::lt::Matmul &mm, const at::Tensor &like) {
-    cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
-    auto workspace = at::empty({kWorkspaceBytes}, like.options().dtype(at::kByte));
-    cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
-    const std::string err = flashgpt::lt::run(handle, mm, workspace.data_ptr(), kWorkspaceBytes, stream);
-    TORCH_CHECK(err.empty(), "flashgpt.gelu_mlp: ", err);
+    flashgpt::lt::run_on_current_stream(mm, like, "flashgpt.gelu_mlp");
 }
 
 std::vector<at::Tensor> linear_gelu(const at::Tensor &x, const at::Tensor &w1, const c10::optional<at::Tensor> &b1) {
@@ -67,7 +53,7 @@ std::vector<at::Tensor> linear_gelu(const at::Tensor &x, const at::Tensor &w1, c
     mm.trans_a = true; mm.a = w1.data_ptr(); mm.lda = K;
     mm.trans_b = false; mm.b = x.data_ptr(); mm.ldb = K;
     mm.d = g.data_ptr(); mm.ldd = N;
-    mm.dtype = lt_type(x);
+    mm.dtype = flashgpt::lt::lt_type(x, "flashgpt.gelu_mlp");
     mm.epilogue = b1.has_value() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     mm.bias = b1.has_value() ? b1->data_ptr() : nullptr;
     mm.aux = pre.data_ptr(); mm.ld_aux = N;

@@ -45,13 +45,14 @@ int alignment(const Matmul &mm) {
 }
 
 using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t, int, int, int64_t,
-                       bool, int, size_t, int>;
+                       bool, int, size_t, int, bool>;
 
 Key key_of(const Matmul &mm, size_t workspace_bytes) {
     int device = 0;
     cudaGetDevice(&device);
     return Key(mm.m, mm.n, mm.k, mm.trans_a, mm.trans_b, mm.lda, mm.ldb, mm.ldd, (int)mm.dtype,
-               (int)mm.epilogue, mm.ld_aux, mm.bias != nullptr, alignment(mm), workspace_bytes, device);
+               (int)mm.epilogue, mm.ld_aux, mm.bias != nullptr, alignment(mm), workspace_bytes, device,
+               mm.accumulate_fp32);
 }
 
 constexpr int kCandidates = 8;  // heuristic results timed on a problem's first call
@@ -67,6 +68,12 @@ bool autotune_enabled() {
 }
 
 }  // namespace
+
+bool has_algorithm(const Matmul &mm, size_t workspace_bytes) {
+    const Key key = key_of(mm, workspace_bytes);
+    std::lock_guard<std::mutex> lock(g_mutex);
+    return g_algos.count(key) != 0;
+}
 
 std::string run(cublasLtHandle_t handle, const Matmul &mm, void *workspace, size_t workspace_bytes,
                 cudaStream_t stream) {
@@ -92,7 +99,8 @@ std::string run(cublasLtHandle_t handle, const Matmul &mm, void *workspace, size
                                       mm.lda));
     LT_TRY(cublasLtMatrixLayoutCreate(&desc.b, mm.dtype, mm.trans_b ? mm.n : mm.k, mm.trans_b ? mm.k : mm.n,
                                       mm.ldb));
-    LT_TRY(cublasLtMatrixLayoutCreate(&desc.d, mm.dtype, mm.m, mm.n, mm.ldd));
+    LT_TRY(cublasLtMatrixLayoutCreate(&desc.d, mm.accumulate_fp32 ? CUDA_R_32F : mm.dtype, mm.m, mm.n,
+                                      mm.ldd));
 
     const Key key = key_of(mm, workspace_bytes);
     cublasLtMatmulAlgo_t algo;
@@ -105,11 +113,17 @@ std::string run(cublasLtHandle_t handle, const Matmul &mm, void *workspace, size
             cached = true;
         }
     }
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f, beta = mm.accumulate_fp32 ? 1.0f : 0.0f;
     if (!cached) {
         LT_TRY(cublasLtMatmulPreferenceCreate(&desc.pref));
         LT_TRY(cublasLtMatmulPreferenceSetAttribute(desc.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                     &workspace_bytes, sizeof(workspace_bytes)));
+        // The heuristic assumes 256-byte aligned pointers unless told: tell it what these are.
+        const uint32_t align = static_cast<uint32_t>(alignment(mm));
+        for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+            LT_TRY(cublasLtMatmulPreferenceSetAttribute(desc.pref, attr, &align, sizeof(align)));
+        }
         cublasLtMatmulHeuristicResult_t results[kCandidates];
         std::memset(results, 0, sizeof(results));
         int found = 0;
@@ -122,11 +136,13 @@ std::string run(cublasLtHandle_t handle, const Matmul &mm, void *workspace, size
         }
         // The heuristic's first pick is not always the fastest with an epilogue (on an H100 its
         // DGELU_BGRAD pick ran the epilogue as a second kernel): time each candidate once, on the
-        // real buffers (the call below overwrites what they write), and keep the fastest.
+        // real buffers (the call below overwrites what they write; an accumulating call writes its
+        // scratch instead), and keep the fastest.
         int pick = 0;
         cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
         cudaStreamIsCapturing(stream, &capture);  // no timing (it synchronises) inside a CUDA graph capture
-        if (found > 1 && autotune_enabled() && capture == cudaStreamCaptureStatusNone) {
+        void *timed_d = mm.accumulate_fp32 ? mm.scratch : mm.d;
+        if (found > 1 && timed_d && autotune_enabled() && capture == cudaStreamCaptureStatusNone) {
             cudaEvent_t start, stop;
             cudaEventCreate(&start);
             cudaEventCreate(&stop);
@@ -136,8 +152,8 @@ std::string run(cublasLtHandle_t handle, const Matmul &mm, void *workspace, size
                 bool ok = true;
                 for (int rep = 0; rep < 1 + kTimedReps && ok; ++rep) {
                     if (rep == 1) cudaEventRecord(start, stream);
-                    ok = cublasLtMatmul(handle, desc.op, &alpha, mm.a, desc.a, mm.b, desc.b, &beta, mm.d, desc.d,
-                                        mm.d, desc.d, &results[i].algo, workspace, workspace_bytes,
+                    ok = cublasLtMatmul(handle, desc.op, &alpha, mm.a, desc.a, mm.b, desc.b, &beta, timed_d,
+                                        desc.d, timed_d, desc.d, &results[i].algo, workspace, workspace_bytes,
                                         stream) == CUBLAS_STATUS_SUCCESS;
                 }
                 if (ok) {

@@ -1,7 +1,9 @@
 // One cuBLASLt matmul with an epilogue, in cuBLAS's column-major terms (no torch here).
 //
 //   D (m x n, leading dim ldd) = op(A) (m x k) * op(B) (k x n), then the epilogue;
-//   fp32 accumulation, A, B and D of one 16-bit type, beta = 0 (D is written, never read).
+//   fp32 accumulation, A, B and D of one 16-bit type, beta = 0 (D is written, never read);
+//   or, with accumulate_fp32, D (fp32) += op(A) * op(B) (beta = 1: a weight gradient added straight
+//   into an fp32 .grad, kernels/wgrad.py).
 //
 // Epilogues used by the GELU MLP (kernels/gelu_mlp.py), on its first projection:
 //   GELU_AUX_BIAS  D = gelu(AB + bias), aux = AB + bias
@@ -34,12 +36,19 @@ struct Matmul {
     void *bias = nullptr;  // read (BIAS epilogues) or written (BGRAD epilogues)
     void *aux = nullptr;   // written (GELU_AUX*) or read (DGELU*)
     int64_t ld_aux = 0;
+    bool accumulate_fp32 = false;  // D is fp32 and read: D += op(A) op(B) (A and B stay `dtype`)
+    // accumulate_fp32 only: a buffer of D's size and layout that the first call's candidate timing
+    // writes instead of D (timing on D would add the product several times); nullptr = no timing.
+    void *scratch = nullptr;
 };
+
+// Whether `mm`'s problem already has its algorithm picked (then `run` neither times nor needs scratch).
+bool has_algorithm(const Matmul &mm, size_t workspace_bytes);
 
 // Runs `mm` on `stream` with the given workspace. On a problem's first call (shape, layout, epilogue,
 // pointer alignment) the heuristic's candidates are timed on the real buffers and the fastest is
-// cached (FLASHGPT_LT_AUTOTUNE=0, or a first call inside a CUDA graph capture: the heuristic's first
-// pick, untimed). Returns "" on success, else
+// cached (FLASHGPT_LT_AUTOTUNE=0, a first call inside a CUDA graph capture, or an accumulating call
+// without scratch: the heuristic's first pick, untimed). Returns "" on success, else
 // what failed.
 std::string run(cublasLtHandle_t handle, const Matmul &mm, void *workspace, size_t workspace_bytes,
                 cudaStream_t stream);
