@@ -106,12 +106,12 @@ class WeightCache:
         fp32_wgrad also `<module>.main_grad` -> the fp32 weight's .grad (allocated as zeros if None)."""
         if self.stale:
             self.refresh()
-        if self.accumulated and any(master.grad is None for _, master in self.accumulated):
-            with torch.no_grad():
-                for buffer_name, master in self.accumulated:
-                    if master.grad is None:
-                        self.by_name.pop(buffer_name, None)  # free the last step's buffer first
-                        master.grad = torch.zeros_like(master)
+        with torch.no_grad():
+            for buffer_name, master in self.accumulated:
+                if master.grad is None:  # first micro-batch of an accumulation
+                    self.by_name[buffer_name] = None  # free the last step's buffer first (keys keep
+                    master.grad = torch.zeros_like(master)  # their order: no recompiles)
+                if self.by_name.get(buffer_name) is not master.grad:  # also if .grad was replaced
                     self.by_name[buffer_name] = master.grad
         return self.by_name
 

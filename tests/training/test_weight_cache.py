@@ -184,3 +184,21 @@ def test_fp32_weight_gradients_replace_the_fold(compile):
         e.step()
     assert all(p.grad is None for p in on.model.parameters())  # step() cleared; tensors() re-zeroes
     assert train(on, data[3:], 2) == pytest.approx(train(fold, data[3:], 2), rel=5e-3)
+
+
+def test_fp32_weight_gradients_follow_a_replaced_grad():
+    """If something replaces a weight's fp32 .grad between micro-batches (a clone, a loaded state),
+    the next micro-batch accumulates into the new tensor, not the old one."""
+    on = engine_for(small_cfg("engine.wgrad_fp32=enabled"))
+    fold = engine_for(small_cfg())
+    data = batches(on.cfg, 2, seed=6)
+    for e in (on, fold):
+        e.forward_backward(data[0], sync=True)
+    _, master = on.weight_cache.accumulated[0]
+    master.grad = master.grad.clone()
+    for e in (on, fold):
+        e.forward_backward(data[1], sync=True)
+    ref = dict(fold.model.named_parameters())
+    for name, p in on.model.named_parameters():
+        scale = float(ref[name].grad.abs().max())
+        torch.testing.assert_close(p.grad, ref[name].grad, rtol=0, atol=2e-2 * scale, msg=name)
