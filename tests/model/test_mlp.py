@@ -28,6 +28,27 @@ def test_gelu_mlp_off_cuda_is_the_plain_mlp():
     assert torch.equal(gelu_mlp(x, w1, None, w2, None), reference_mlp(x, w1, None, w2, None))
 
 
+def test_gelu_mlp_off_cuda_puts_weight_gradients_into_main_grads():
+    """The fallback with fp32 gradient buffers: the same output and dx / db as the plain MLP, and each
+    weight's gradient added into its buffer (odd row count; buffers start non-zero)."""
+    torch.manual_seed(4)
+    x, w1, b1 = torch.randn(3, 7, 16), torch.randn(64, 16) / 4, torch.randn(64)
+    w2, b2, dy = torch.randn(16, 64) / 8, torch.randn(16), torch.randn(3, 7, 16)
+    plain = [t.clone().requires_grad_() for t in (x, w1, b1, w2, b2)]
+    reference_mlp(*plain).backward(dy)
+    mains = [torch.randn(64, 16), torch.randn(16, 64)]
+    starts = [m.clone() for m in mains]
+    ours = [t.clone().requires_grad_() for t in (x, w1, b1, w2, b2)]
+    y = gelu_mlp(*ours, *mains)
+    torch.testing.assert_close(y, reference_mlp(x, w1, b1, w2, b2))
+    y.backward(dy)
+    assert ours[1].grad is None and ours[3].grad is None
+    for i in (0, 2, 4):
+        torch.testing.assert_close(ours[i].grad, plain[i].grad)
+    for main, start, i in zip(mains, starts, (1, 3)):
+        torch.testing.assert_close(main - start, plain[i].grad, rtol=1e-5, atol=1e-5)
+
+
 def test_model_logs_and_keeps_the_same_parameters():
     cfg = GPTConfig(n_layer=1, d_model=32, n_head=2, vocab_size=64, seq_len=16)
     model = GPT(cfg)
