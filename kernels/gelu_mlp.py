@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .wgrad import accumulate as wgrad_accumulate, accumulate_op as wgrad_accumulate_op, linear as wgrad_linear
+from .wgrad import accumulate as wgrad_accumulate, accumulate_op as wgrad_accumulate_op, compute_dtype
+from .wgrad import linear as wgrad_linear
 
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -158,7 +159,7 @@ def gelu_mlp_supported(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, 
     tensors = [t for t in (x, w1, b1, w2, b2) if t is not None]
     if not all(t.is_cuda for t in tensors):
         return "the GELU-epilogue MLP needs CUDA tensors"
-    dtype = _compute_dtype(x)
+    dtype = compute_dtype(x)
     if dtype not in _DTYPES:
         return f"the GELU-epilogue MLP computes in bf16 or fp16, not {dtype}"
     d, h = x.shape[-1], w1.shape[0]
@@ -169,12 +170,6 @@ def gelu_mlp_supported(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, 
     return ""
 
 
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    if torch.is_autocast_enabled("cuda") and x.is_cuda:
-        return torch.get_autocast_dtype("cuda")
-    return x.dtype
-
-
 def gelu_mlp(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
              main_grad1: Optional[Tensor] = None, main_grad2: Optional[Tensor] = None) -> Tensor:
     """gelu_tanh(x w1^T + b1) w2^T + b2 for x (..., d), w1 (h, d), w2 (d, h): the fused op on CUDA in
@@ -182,7 +177,7 @@ def gelu_mlp(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Option
     main_grad2 (fp32, w1's / w2's shape) the weights' gradients are added into them (kernels/wgrad.py)."""
     if gelu_mlp_supported(x, w1, b1, w2, b2):
         return _torch_mlp(x, w1, b1, w2, b2, main_grad1, main_grad2)
-    dtype = _compute_dtype(x)
+    dtype = compute_dtype(x)
     lead = x.shape[:-1]
     args = [t.to(dtype).contiguous() if t is not None else None
             for t in (x.reshape(-1, x.shape[-1]), w1, b1, w2, b2)] + [main_grad1, main_grad2]
