@@ -47,8 +47,8 @@ def reference_accumulate(dy: Tensor, x: Tensor, main_grad: Tensor) -> None:
 def accumulate(dy: Tensor, x: Tensor, main_grad: Tensor) -> None:
     """main_grad (N, K) fp32 += dy (M, N)^T x (M, K), in place; the binding on CUDA (16-bit inputs,
     row lengths multiples of 8), torch's fp32 addmm otherwise."""
-    # Every check is made here, before the binding: its own C++ checks are a last line only (a
-    # TORCH_CHECK message with a number in it crashed the process on the lent machines, NOTES session 16).
+    # Every check is made here, before the binding, with torch's names for the problem; the
+    # binding's own C++ checks are a last line (csrc/check_text.h: they raise, not crash, since session 17).
     if main_grad.dtype != torch.float32:
         raise ValueError(f"flashgpt.wgrad: main_grad must be float32 (the fp32 parameter's .grad), got "
                          f"{main_grad.dtype}")

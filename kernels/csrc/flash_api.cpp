@@ -15,6 +15,7 @@
 #include <mutex>
 #include <utility>
 
+#include "check_text.h"
 #include "flash.h"
 #include "hopper/dq_tiles.h"
 #include "static_switch.h"
@@ -274,7 +275,7 @@ std::vector<at::Tensor> wgmma_probe(const at::Tensor &a, const at::Tensor &b, co
     TORCH_CHECK(a.is_cuda() && b.is_cuda() && v.is_cuda(), "flashgpt.wgmma_probe: CUDA tensors expected");
     const auto *prop = at::cuda::getCurrentDeviceProperties();
     TORCH_CHECK(prop->major == 9, "flashgpt.wgmma_probe: needs a Hopper GPU (sm_90), found sm_",
-                prop->major, prop->minor);
+                flashgpt::num(prop->major), flashgpt::num(prop->minor));
     TORCH_CHECK(a.sizes() == at::IntArrayRef({64, 128}) && b.sizes() == at::IntArrayRef({128, 128}) &&
                     v.sizes() == at::IntArrayRef({128, 128}),
                 "flashgpt.wgmma_probe: shapes a (64, 128), b (128, 128), v (128, 128) expected");

@@ -14,18 +14,22 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "check_text.h"
 #include "mlp/gelu_backward.h"
 #include "mlp/lt_matmul.h"
 #include "mlp/lt_torch.h"
 
 namespace {
 
+using flashgpt::dims;
+using flashgpt::num;
+
 void check_matrix(const at::Tensor &t, const char *name, const at::Tensor &like) {
     TORCH_CHECK(t.is_cuda(), "flashgpt.gelu_mlp: ", name, " must be a CUDA tensor");
     TORCH_CHECK(t.dim() == 2 && t.is_contiguous(), "flashgpt.gelu_mlp: ", name, " must be a contiguous matrix");
     TORCH_CHECK(t.scalar_type() == like.scalar_type(), "flashgpt.gelu_mlp: ", name, " has dtype ",
                 t.scalar_type(), ", expected ", like.scalar_type());
-    TORCH_CHECK(t.size(1) % 8 == 0, "flashgpt.gelu_mlp: ", name, "'s row length ", t.size(1),
+    TORCH_CHECK(t.size(1) % 8 == 0, "flashgpt.gelu_mlp: ", name, "'s row length ", num(t.size(1)),
                 " must be a multiple of 8 (16-byte rows for cuBLASLt)");
 }
 
@@ -37,12 +41,12 @@ std::vector<at::Tensor> linear_gelu(const at::Tensor &x, const at::Tensor &w1, c
     check_matrix(x, "x", x);
     check_matrix(w1, "w1", x);
     const int64_t M = x.size(0), K = x.size(1), N = w1.size(0);
-    TORCH_CHECK(w1.size(1) == K, "flashgpt.gelu_mlp: x has ", K, " features but w1 is ", w1.sizes());
-    TORCH_CHECK(N % 8 == 0, "flashgpt.gelu_mlp: the hidden size ", N, " must be a multiple of 8");
+    TORCH_CHECK(w1.size(1) == K, "flashgpt.gelu_mlp: x has ", num(K), " features but w1 is ", dims(w1.sizes()));
+    TORCH_CHECK(N % 8 == 0, "flashgpt.gelu_mlp: the hidden size ", num(N), " must be a multiple of 8");
     if (b1.has_value()) {
         TORCH_CHECK(b1->dim() == 1 && b1->size(0) == N && b1->is_contiguous() &&
                         b1->scalar_type() == x.scalar_type() && b1->is_cuda(),
-                    "flashgpt.gelu_mlp: b1 must be a contiguous CUDA vector of ", N, " ", x.scalar_type());
+                    "flashgpt.gelu_mlp: b1 must be a contiguous CUDA vector of ", num(N), " ", x.scalar_type());
     }
     c10::cuda::CUDAGuard guard(x.device());
     auto g = at::empty({M, N}, x.options());
@@ -66,7 +70,7 @@ std::vector<at::Tensor> linear_gelu(const at::Tensor &x, const at::Tensor &w1, c
 std::vector<at::Tensor> gelu_backward_bias(const at::Tensor &dg, const at::Tensor &pre) {
     check_matrix(dg, "dg", dg);
     check_matrix(pre, "pre", dg);
-    TORCH_CHECK(dg.sizes() == pre.sizes(), "flashgpt.gelu_mlp: dg is ", dg.sizes(), " but pre ", pre.sizes());
+    TORCH_CHECK(dg.sizes() == pre.sizes(), "flashgpt.gelu_mlp: dg is ", dims(dg.sizes()), " but pre ", dims(pre.sizes()));
     TORCH_CHECK(reinterpret_cast<uintptr_t>(dg.data_ptr()) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(pre.data_ptr()) % 16 == 0,
                 "flashgpt.gelu_mlp: dg and pre must be 16-byte aligned");

@@ -12,6 +12,7 @@
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "check_text.h"
 #include "mlp/lt_matmul.h"
 #include "mlp/lt_torch.h"
 
@@ -19,15 +20,18 @@ namespace {
 
 constexpr const char *kWho = "flashgpt.wgrad_accumulate";
 
+using flashgpt::dims;
+using flashgpt::num;
+
 // CUDA device index of t, -1 off CUDA (messages print indices: no c10::Device streaming).
 int64_t gpu_of(const at::Tensor &t) { return t.is_cuda() ? t.get_device() : -1; }
 
 void check_input(const at::Tensor &t, const char *name, const at::Tensor &like) {
-    TORCH_CHECK(gpu_of(t) == gpu_of(like), kWho, ": ", name, " must be on GPU ", gpu_of(like), ", got ",
-                t.is_cuda() ? "GPU " : "a CPU tensor ", gpu_of(t));
+    TORCH_CHECK(gpu_of(t) == gpu_of(like), kWho, ": ", name, " must be on GPU ", num(gpu_of(like)), ", got ",
+                t.is_cuda() ? "GPU " + num(gpu_of(t)) : std::string("a CPU tensor"));
     TORCH_CHECK(t.dim() == 2 && t.is_contiguous(), kWho, ": ", name, " must be a contiguous matrix, got sizes ",
-                t.sizes(), " strides ", t.strides());
-    TORCH_CHECK(t.size(1) % 8 == 0, kWho, ": ", name, "'s row length ", t.size(1),
+                dims(t.sizes()), " strides ", dims(t.strides()));
+    TORCH_CHECK(t.size(1) % 8 == 0, kWho, ": ", name, "'s row length ", num(t.size(1)),
                 " must be a multiple of 8 (16-byte rows for cuBLASLt)");
 }
 
@@ -38,14 +42,15 @@ void wgrad_accumulate(const at::Tensor &dy, const at::Tensor &x, const at::Tenso
     TORCH_CHECK(x.scalar_type() == dy.scalar_type(), kWho, ": x is ", x.scalar_type(), " but dy ",
                 dy.scalar_type());
     const int64_t M = dy.size(0), N = dy.size(1), K = x.size(1);
-    TORCH_CHECK(x.size(0) == M, kWho, ": dy has ", M, " rows but x ", x.size(0));
+    TORCH_CHECK(x.size(0) == M, kWho, ": dy has ", num(M), " rows but x ", num(x.size(0)));
     TORCH_CHECK(main_grad.scalar_type() == at::kFloat, kWho, ": main_grad must be float32, got ",
                 main_grad.scalar_type());
-    TORCH_CHECK(gpu_of(main_grad) == gpu_of(dy), kWho, ": main_grad must be on GPU ", gpu_of(dy));
+    TORCH_CHECK(gpu_of(main_grad) == gpu_of(dy), kWho, ": main_grad must be on GPU ", num(gpu_of(dy)));
     TORCH_CHECK(main_grad.is_contiguous() && main_grad.dim() == 2 && main_grad.size(0) == N &&
                     main_grad.size(1) == K,
-                kWho, ": main_grad must be a contiguous (", N, ", ", K, ") matrix (the weight's shape), got sizes ",
-                main_grad.sizes(), " strides ", main_grad.strides());
+                kWho, ": main_grad must be a contiguous (", num(N), ", ", num(K),
+                ") matrix (the weight's shape), got sizes ", dims(main_grad.sizes()), " strides ",
+                dims(main_grad.strides()));
     if (M == 0) return;
     c10::cuda::CUDAGuard guard(dy.device());
     flashgpt::lt::Matmul mm;
