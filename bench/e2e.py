@@ -27,6 +27,9 @@ warm-up). One more step of each setup runs under torch.profiler for the attentio
 kernel time (training/profiling.py), outside the timed steps, and its summed kernel time over the
 median step time is the "GPU busy" column: 100% minus it bounds what removing launch gaps (CUDA
 graphs) could give. Model TFLOP/s per the paper: (6·N + 12·L·d·s) FLOPs per token; causal-aware: 6·N + 6·L·d·s.
+Every compiled setup, ours and plain, compiles with training/inductor_barrier.py's fix installed (a
+race in inductor's LayerNorm kernels made compiled steps wrong; session 17), so all measure correct
+programs.
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from model.gpt import GPT  # noqa: E402
 from training.config import load_config  # noqa: E402
 from training.gpu_telemetry import GpuTelemetry  # noqa: E402
+from training.inductor_barrier import install as install_inductor_barrier  # noqa: E402
 from training.metrics import measure_gemm_ceiling, peak_flops  # noqa: E402
 from training.profiling import profile_call  # noqa: E402
 
@@ -149,6 +153,7 @@ def main(argv=None) -> int:
                    help="seconds of GEMMs before timing the power-capped GEMM ceiling")
     p.add_argument("overrides", nargs="*", help="config overrides for our trainer (key=value)")
     args = p.parse_args(argv)
+    install_inductor_barrier()  # for the plain compiled setups too (our engine installs it itself)
     cfg = load_config(args.config)
     if args.micro_batch < 1 or args.accum % args.micro_batch:
         raise SystemExit(f"--micro-batch {args.micro_batch} must divide --accum {args.accum}")

@@ -1,18 +1,28 @@
 """Does the inductor-compiled step give eager's gradients with fp32 weight-gradient accumulation?
-(issue 7, session 16: kernels/NOTES.md)
+(issue 7, sessions 16-17: kernels/NOTES.md)
 
 A 2-layer GPT (d 256, head dim 128, 2 x 256 tokens) on CUDA, bf16 autocast, weight cache: one
 micro-batch through the trainer's engine, compiled and eager, with engine.wgrad_fp32 on (the MLP's
 Linears, as shipped) or also on attention's qkv / proj (--attention: they are swapped for
-model/linear.py's Linear). Prints each run's loss and the largest relative L2 gradient differences.
-Session 16 on an H100: MLP only, compiled vs eager 4.6e-3 (the same as the fold's, compiled);
---attention 8-18% and a loss that changes from run to run (eager and backend="aot_eager": exact).
+model/linear.py's Linear). Prints each run's loss, read before and after the backward, and the
+largest relative L2 gradient differences from eager.
+On an H100 (torch 2.11): MLP only, compiled vs eager ~5e-3 (the fold's bf16 rounding); --attention
+(or --only qkv) 8-23% and a forward loss that changes from run to run -- also with
+--torch-accumulate --set model.mlp=torch model.attention=sdpa (no code of ours on the path); right
+with --no-ln-bias (or model.bias=false), with --only proj, under compute-sanitizer, and on CPU.
+Session 17 found the cause: inductor's looped LayerNorm kernel reads back a buffer it wrote without a
+barrier (training/inductor_barrier.py, now installed by the engine; --no-barrier-fix leaves it out).
+Since attention's Linears accumulate too, --attention changes nothing.
 
-    python bench/wgrad_compiled_check.py [--attention] [--runs 2]
+    python bench/wgrad_compiled_check.py [--attention [--only qkv|proj]] [--runs 2]
+        [--no-barrier-fix] [--torch-accumulate] [--no-ln-bias] [--set model.attention=sdpa ...]
+        [--knob torch._functorch.config.donated_buffer=False ...]
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
 from types import SimpleNamespace
 
 import torch
@@ -28,25 +38,39 @@ OVERRIDES = ["model.n_layer=2", "model.d_model=256", "model.n_head=2", "model.vo
              "train.micro_batch_size=2", "train.global_batch_size=6"]
 
 
-def engine(compile: bool, attention: bool, *extra) -> TorchEngine:
+def swap(module, name: str, cls) -> None:
+    """module.<name> becomes a `cls` Linear with the same parameters."""
+    old = getattr(module, name)
+    new = cls(old.in_features, old.out_features, bias=old.bias is not None)
+    new.load_state_dict(old.state_dict())
+    new.is_residual_out = getattr(old, "is_residual_out", False)
+    setattr(module, name, new)
+
+
+def engine(compile: bool, attention: bool, extra=(), only=("qkv", "proj"), ln_bias=True) -> TorchEngine:
     cfg = load_config("tiny_cpu.yaml", [*OVERRIDES, f"train.compile={str(compile).lower()}", *extra])
     torch.manual_seed(0)
-    model = GPT(cfg.model, device=torch.device("cuda"))
-    if attention:  # give attention's Linears the main_grad slot the MLP's have
-        for block in model.blocks:
-            for name in ("qkv", "proj"):
-                old = getattr(block.attn, name)
-                new = Linear(old.in_features, old.out_features, bias=old.bias is not None)
-                new.load_state_dict(old.state_dict())
-                new.is_residual_out = getattr(old, "is_residual_out", False)
-                setattr(block.attn, name, new)
-    return TorchEngine(model, cfg, DistInfo(device=torch.device("cuda")))
+    device = torch.device(cfg.train.device)
+    model = GPT(cfg.model, device=device)
+    for block in model.blocks:
+        for name in only if attention else ():  # attention's Linears get the MLP's main_grad slot
+            swap(block.attn, name, Linear)
+    for module in model.modules() if not ln_bias else ():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.bias = None
+    return TorchEngine(model, cfg, DistInfo(device=device))
 
 
 def loss_and_grads(e: TorchEngine):
+    """(loss read before the backward, read after it, fp32 gradients): the engine's forward_backward
+    in two halves, so a backward that writes where it should not shows in the second loss."""
     t = torch.randint(0, 512, (2, 257), generator=torch.Generator().manual_seed(7))
-    loss = float(e.forward_backward(SimpleNamespace(x=t[:, :-1], y=t[:, 1:]), sync=True))
-    return loss, {k: p.grad.clone() for k, p in e.model.named_parameters()}
+    inputs = e._inputs(SimpleNamespace(x=t[:, :-1], y=t[:, 1:]))
+    with e.autocast():
+        loss = e.cached_forward(e.weight_cache.tensors(), *inputs)
+    before = loss.item()
+    (loss / e.accum).backward()
+    return (before, loss.item()), {k: p.grad.clone() for k, p in e.model.named_parameters()}
 
 
 def worst(a, b, n=3) -> str:
@@ -57,14 +81,47 @@ def worst(a, b, n=3) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--attention", action="store_true", help="attention's Linears accumulate too")
+    ap.add_argument("--only", choices=("qkv", "proj"), help="with --attention: only this Linear accumulates")
+    ap.add_argument("--torch-accumulate", action="store_true",
+                    help="torch's fp32 addmm_ inside the op instead of our cuBLASLt binding")
+    ap.add_argument("--no-ln-bias", action="store_true", help="LayerNorms without a bias")
+    ap.add_argument("--no-barrier-fix", action="store_true",
+                    help="compile without training/inductor_barrier.py's fix (reproduces the race)")
     ap.add_argument("--runs", type=int, default=2, help="compiled runs (does the loss change between them?)")
+    ap.add_argument("--set", nargs="*", default=[], help="config overrides, e.g. model.attention=sdpa")
+    ap.add_argument("--knob", nargs="*", default=[],
+                    help="compiler settings for the compiled runs, e.g. torch._inductor.config.x=False")
     args = ap.parse_args()
-    eager_loss, eager = loss_and_grads(engine(False, args.attention))
-    print(f"eager: loss {eager_loss:.6f}")
+    only = (args.only,) if args.only else ("qkv", "proj")
+    if args.no_barrier_fix:
+        import training.inductor_barrier
+
+        training.inductor_barrier._installed = True  # the engine's install() then leaves inductor as it is
+    if args.torch_accumulate:
+        import kernels.wgrad
+
+        kernels.wgrad._binding = lambda: None  # accumulate() then falls back to reference_accumulate
+    for knob in args.knob:  # module.path[.attr...].name=python literal
+        path, value = knob.split("=", 1)
+        parts = path.split(".")
+        for cut in range(len(parts) - 1, 0, -1):  # the longest importable module prefix
+            try:
+                target = importlib.import_module(".".join(parts[:cut]))
+                break
+            except ImportError:
+                continue
+        for attr in parts[cut:-1]:
+            target = getattr(target, attr)
+        setattr(target, parts[-1], ast.literal_eval(value))
+    eager_loss, eager = loss_and_grads(engine(False, args.attention, args.set, only, not args.no_ln_bias))
+    print(f"eager: loss {eager_loss[0]:.6f} (after the backward {eager_loss[1]:.6f})")
     for run in range(args.runs):
         torch._dynamo.reset()
-        loss, grads = loss_and_grads(engine(True, args.attention))
-        print(f"compiled run {run + 1}: loss {loss:.6f} | largest differences from eager: {worst(grads, eager)}")
+        e = engine(True, args.attention, args.set, only, not args.no_ln_bias)
+        loss, grads = loss_and_grads(e)
+        again, _ = loss_and_grads(e)  # the same compiled graph, same weights: the same loss?
+        print(f"compiled run {run + 1}: loss {loss[0]:.6f} (after the backward {loss[1]:.6f}; same graph "
+              f"again {again[0]:.6f}) | largest differences from eager: {worst(grads, eager)}")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ parameter. Here the weight-gradient GEMM itself reads the fp32 buffer in its epi
 sum (8 bytes per parameter, hidden inside a compute-bound GEMM), and the product is added without
 being rounded to bf16 first (Megatron-LM's "gradient accumulation fusion" does the same). On an H100
 (bench/wgrad_accumulate.py) a 2.7B block's four weight gradients cost 2.16 ms with the fold, 1.89
-with this (the GEMMs alone 1.82); the trainer uses it for the MLP's weights (model/linear.py): 2.7B-8k
-634 -> 643 model TFLOP/s (bench/RESULTS.md, session 16).
+with this (the GEMMs alone 1.82); the trainer uses it for every projection of a block (model/linear.py):
+2.7B-8k 634 -> 643 model TFLOP/s with the MLP's (bench/RESULTS.md, session 16; attention's since 17).
 
     y = linear(x, w, b, main_grad)   # y = x w^T + b; the backward adds dy^T x into main_grad (fp32)
 

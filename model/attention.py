@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model.config import GPTConfig
+from model.linear import Linear
 from model.rope import apply_rotary
 
 log = logging.getLogger(__name__)
@@ -95,11 +96,12 @@ class CausalSelfAttention(nn.Module):
         assert backend in BACKENDS, backend
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
         kv_dim = self.n_kv_head * self.head_dim
-        # Plain nn.Linear (no main_grad slot, model/linear.py): with the weight-gradient GEMMs
-        # accumulating into fp32 around attention, the inductor-compiled step gave wrong gradients on
-        # CUDA (eager and aot_eager were right; kernels/NOTES.md session 16), so these keep the fold.
-        self.qkv = nn.Linear(cfg.d_model, cfg.d_model + 2 * kv_dim, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        # model/linear.py's Linear: nn.Linear with a main_grad slot, so that with the weight cache the
+        # weight-gradient GEMMs add into the fp32 .grad (kernels/wgrad.py). (Session 16 kept these
+        # plain: the compiled step went wrong with them accumulating -- inductor's LayerNorm-kernel
+        # race that training/inductor_barrier.py works around, session 17.)
+        self.qkv = Linear(cfg.d_model, cfg.d_model + 2 * kv_dim, bias=cfg.bias)
+        self.proj = Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.proj.is_residual_out = True  # scaled init (GPT-2)
         self.dropout = nn.Dropout(cfg.dropout)
         self.backend = backend

@@ -4,8 +4,8 @@
 from outside, through `torch.func.functional_call`, to the fp32 weight's .grad when the model runs on
 bf16 copies of its weights (training/weight_cache.py); the backward's weight-gradient GEMM then adds
 its fp32 result straight into that buffer (kernels/wgrad.py) instead of returning a bf16 gradient for
-a second kernel to add. Checkpoints and the module's parameters do not change. Used by the MLP's two
-projections (2/3 of a block's weights); attention's keep nn.Linear (see model/attention.py).
+a second kernel to add. Checkpoints and the module's parameters do not change. Used by every
+projection of a block: attention's qkv / proj and the MLP's fc / proj.
 """
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from training.config import Config, grad_accum_steps
 from training.distributed import DistInfo
+from training.inductor_barrier import install as install_inductor_barrier
 from training.optim import WarmupCosine, build_optimizer
 from training.weight_cache import WeightCache
 
@@ -113,6 +114,7 @@ class TorchEngine(Engine):
         self.scheduler = WarmupCosine(self.optimizer, cfg.optim, cfg.train.max_steps)
         wrapped = self.model
         if cfg.train.compile:
+            install_inductor_barrier()  # a race in inductor's LayerNorm kernels (training/inductor_barrier.py)
             wrapped = torch.compile(wrapped)
             self.compiled = True
         if dist.enabled:

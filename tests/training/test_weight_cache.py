@@ -168,7 +168,7 @@ def test_fp32_weight_gradients_replace_the_fold(compile):
     flags = ["train.compile=true"] if compile else []
     on, fold = engine_for(small_cfg("engine.wgrad_fp32=enabled", *flags)), engine_for(small_cfg(*flags))
     assert [n for n, _ in on.weight_cache.accumulated] == [
-        f"blocks.{i}.{m}.main_grad" for i in range(2) for m in ("mlp.fc", "mlp.proj")]  # not attention's
+        f"blocks.{i}.{m}.main_grad" for i in range(2) for m in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")]
     assert fold.weight_cache.accumulated == []
     data = batches(on.cfg, 9, seed=5)
     for b in data[:3]:
