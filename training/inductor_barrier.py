@@ -74,4 +74,6 @@ def install() -> bool:
 
     AsyncCompile.triton = triton
     _installed = True
+    log.info("torch.compile: a barrier before each read-back in inductor's Triton kernels "
+             "(training/inductor_barrier.py)")
     return True
