@@ -2,20 +2,21 @@
 (issue 7, sessions 16-17: kernels/NOTES.md)
 
 A 2-layer GPT (d 256, head dim 128, 2 x 256 tokens) on CUDA, bf16 autocast, weight cache: one
-micro-batch through the trainer's engine, compiled and eager, with engine.wgrad_fp32 on (the MLP's
-Linears, as shipped) or also on attention's qkv / proj (--attention: they are swapped for
-model/linear.py's Linear). Prints each run's loss, read before and after the backward, and the
-largest relative L2 gradient differences from eager.
-On an H100 (torch 2.11): MLP only, compiled vs eager ~5e-3 (the fold's bf16 rounding); --attention
-(or --only qkv) 8-23% and a forward loss that changes from run to run -- also with
+micro-batch through the trainer's engine, compiled and eager, with engine.wgrad_fp32 on (all four
+projections of a block accumulate, as shipped since session 17; --fold qkv / proj gives attention's
+back to nn.Linear, whose bf16 gradients fold). Prints each run's loss, read before and after the
+backward, the loss of the same compiled graph called again, and the largest relative L2 gradient
+differences from eager.
+On an H100 (torch 2.11), before the fix: only the MLP accumulating (--fold qkv proj), right at width
+256; with qkv accumulating, 8-23% off and a forward loss that changed from call to call -- also with
 --torch-accumulate --set model.mlp=torch model.attention=sdpa (no code of ours on the path); right
-with --no-ln-bias (or model.bias=false), with --only proj, under compute-sanitizer, and on CPU.
-Session 17 found the cause: inductor's looped LayerNorm kernel reads back a buffer it wrote without a
-barrier (training/inductor_barrier.py, now installed by the engine; --no-barrier-fix leaves it out).
-Since attention's Linears accumulate too, --attention changes nothing.
+with --no-ln-bias (or model.bias=false), under compute-sanitizer, and on CPU; at width 2048
+(--set model.d_model=2048 model.n_head=16) wrong even with only the MLP accumulating. The cause:
+inductor's looped LayerNorm kernel reads back a buffer it wrote without a barrier
+(training/inductor_barrier.py, installed by the engine; --no-barrier-fix leaves it out).
 
-    python bench/wgrad_compiled_check.py [--attention [--only qkv|proj]] [--runs 2]
-        [--no-barrier-fix] [--torch-accumulate] [--no-ln-bias] [--set model.attention=sdpa ...]
+    python bench/wgrad_compiled_check.py [--fold qkv proj] [--runs 2] [--no-barrier-fix]
+        [--torch-accumulate] [--no-ln-bias] [--set model.attention=sdpa ...]
         [--knob torch._functorch.config.donated_buffer=False ...]
 """
 from __future__ import annotations
@@ -28,7 +29,6 @@ from types import SimpleNamespace
 import torch
 
 from model.gpt import GPT
-from model.linear import Linear
 from training.config import load_config
 from training.distributed import DistInfo
 from training.engine import TorchEngine
@@ -38,23 +38,17 @@ OVERRIDES = ["model.n_layer=2", "model.d_model=256", "model.n_head=2", "model.vo
              "train.micro_batch_size=2", "train.global_batch_size=6"]
 
 
-def swap(module, name: str, cls) -> None:
-    """module.<name> becomes a `cls` Linear with the same parameters."""
-    old = getattr(module, name)
-    new = cls(old.in_features, old.out_features, bias=old.bias is not None)
-    new.load_state_dict(old.state_dict())
-    new.is_residual_out = getattr(old, "is_residual_out", False)
-    setattr(module, name, new)
-
-
-def engine(compile: bool, attention: bool, extra=(), only=("qkv", "proj"), ln_bias=True) -> TorchEngine:
+def engine(compile: bool, extra=(), fold=(), ln_bias=True) -> TorchEngine:
     cfg = load_config("tiny_cpu.yaml", [*OVERRIDES, f"train.compile={str(compile).lower()}", *extra])
     torch.manual_seed(0)
     device = torch.device(cfg.train.device)
     model = GPT(cfg.model, device=device)
     for block in model.blocks:
-        for name in only if attention else ():  # attention's Linears get the MLP's main_grad slot
-            swap(block.attn, name, Linear)
+        for name in fold:  # attention's Linear -> nn.Linear with the same parameters: its gradient folds
+            old = getattr(block.attn, name)
+            new = torch.nn.Linear(old.in_features, old.out_features, bias=old.bias is not None, device=device)
+            new.load_state_dict(old.state_dict())
+            setattr(block.attn, name, new)
     for module in model.modules() if not ln_bias else ():
         if isinstance(module, torch.nn.LayerNorm):
             module.bias = None
@@ -80,8 +74,8 @@ def worst(a, b, n=3) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--attention", action="store_true", help="attention's Linears accumulate too")
-    ap.add_argument("--only", choices=("qkv", "proj"), help="with --attention: only this Linear accumulates")
+    ap.add_argument("--fold", nargs="*", choices=("qkv", "proj"), default=[],
+                    help="these attention Linears fold bf16 gradients instead of accumulating in fp32")
     ap.add_argument("--torch-accumulate", action="store_true",
                     help="torch's fp32 addmm_ inside the op instead of our cuBLASLt binding")
     ap.add_argument("--no-ln-bias", action="store_true", help="LayerNorms without a bias")
@@ -92,7 +86,6 @@ def main() -> None:
     ap.add_argument("--knob", nargs="*", default=[],
                     help="compiler settings for the compiled runs, e.g. torch._inductor.config.x=False")
     args = ap.parse_args()
-    only = (args.only,) if args.only else ("qkv", "proj")
     if args.no_barrier_fix:
         import training.inductor_barrier
 
@@ -113,11 +106,11 @@ def main() -> None:
         for attr in parts[cut:-1]:
             target = getattr(target, attr)
         setattr(target, parts[-1], ast.literal_eval(value))
-    eager_loss, eager = loss_and_grads(engine(False, args.attention, args.set, only, not args.no_ln_bias))
+    eager_loss, eager = loss_and_grads(engine(False, args.set, args.fold, not args.no_ln_bias))
     print(f"eager: loss {eager_loss[0]:.6f} (after the backward {eager_loss[1]:.6f})")
     for run in range(args.runs):
         torch._dynamo.reset()
-        e = engine(True, args.attention, args.set, only, not args.no_ln_bias)
+        e = engine(True, args.set, args.fold, not args.no_ln_bias)
         loss, grads = loss_and_grads(e)
         again, _ = loss_and_grads(e)  # the same compiled graph, same weights: the same loss?
         print(f"compiled run {run + 1}: loss {loss[0]:.6f} (after the backward {loss[1]:.6f}; same graph "
