@@ -151,15 +151,14 @@ def main(argv=None) -> int:
                    help="keep the Chrome traces (large); the top-kernel lists are always kept")
     p.add_argument("--sustain-s", type=float, default=5.0,
                    help="seconds of GEMMs before timing the power-capped GEMM ceiling")
-    p.add_argument("overrides", nargs="*", help="config overrides for our trainer (key=value)")
+    p.add_argument("overrides", nargs="*", help="config overrides (key=value): model.* ones set every setup's shapes "
+                   "(plain ones too) and the FLOP count; the rest our trainer's")
     args = p.parse_args(argv)
     install_inductor_barrier()  # for the plain compiled setups too (our engine installs it itself)
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, args.overrides)  # model.* overrides give every setup the same shapes
     if args.micro_batch < 1 or args.accum % args.micro_batch:
         raise SystemExit(f"--micro-batch {args.micro_batch} must divide --accum {args.accum}")
     micro, n_micro = args.micro_batch, args.accum // args.micro_batch
-    tokens = args.accum * cfg.model.seq_len  # per optimizer step: accum sequences
-    fpt, fpt_causal = cfg.model.flops_per_token(), cfg.model.flops_per_token(causal_aware=True)
     peak, peak_src = peak_flops(torch.device("cuda"))
     gemm = measure_gemm_ceiling(torch.device("cuda"))
     telemetry = GpuTelemetry.open(torch.device("cuda"))
@@ -174,6 +173,7 @@ def main(argv=None) -> int:
     rows = []
     for setup in args.setups.split(","):
         name, *setup_overrides = setup.split(":")
+        row_cfg = load_config(args.config, [*args.overrides, *setup_overrides])  # this row's model shapes
         if setup.startswith("ours"):
             parts = set(name.split("_")[1:])
             if not parts <= {"flash", "sdpa", "compile"} or {"flash", "sdpa"} <= parts:
@@ -185,13 +185,15 @@ def main(argv=None) -> int:
         else:
             if setup_overrides:
                 raise SystemExit(f"{setup!r}: overrides apply to our trainer's setups only")
-            r = plain_step_times(load_config(args.config), name, args.steps, args.warmup, n_micro, micro,
+            r = plain_step_times(row_cfg, name, args.steps, args.warmup, n_micro, micro,
                                  trace_dir)
             r["attention"] = f"sdpa {name.split('_')[1]}"
         torch.cuda.empty_cache()
         if not args.keep_traces:
             for trace in [*trace_dir.glob("*.json"), *trace_dir.glob("*/profile_step_*.json")]:
                 trace.unlink()
+        tokens = args.accum * row_cfg.model.seq_len  # per optimizer step: accum sequences
+        fpt, fpt_causal = row_cfg.model.flops_per_token(), row_cfg.model.flops_per_token(causal_aware=True)
         tok_s = tokens / r["step_s"]
         rows.append((setup, r["attention"], tok_s, fpt * tok_s / 1e12, fpt_causal * tok_s / 1e12, r["mem_gb"],
                      r["attn_share"], r["mm_share"], r))

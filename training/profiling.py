@@ -34,19 +34,30 @@ def classify(name: str) -> str:
     return "other"
 
 
-def time_shares(events, device_type: str) -> Dict[str, float]:
-    """Shares of the step's kernel (CUDA) or top-level operator (CPU) self time, by class; on CUDA
-    also the summed kernel time in seconds (`kernel_time_s`)."""
-    totals = {"attention": 0.0, "matmul": 0.0, "other": 0.0}
+def _timed(events, device_type: str):
+    """(self time in us, calls, name) of each kernel (CUDA) or operator (CPU) that took time. On CUDA
+    only the GPU's own activity counts: operators would count their kernels twice, and so would the
+    GPU-side spans of record_function ranges (user annotations, e.g. torch's
+    "Optimizer.step#AdamW.step", which covers the optimizer's kernels)."""
     for e in events:
-        if device_type == "cuda":  # kernels only (operators would count their kernels twice)
+        if device_type == "cuda":
             if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+                continue
+            if getattr(e, "is_user_annotation", False):
                 continue
             t = e.self_device_time_total
         else:
             t = e.self_cpu_time_total
         if t > 0:
-            totals[classify(e.key)] += t
+            yield t, e.count, e.key
+
+
+def time_shares(events, device_type: str) -> Dict[str, float]:
+    """Shares of the step's kernel (CUDA) or top-level operator (CPU) self time, by class; on CUDA
+    also the summed kernel time in seconds (`kernel_time_s`)."""
+    totals = {"attention": 0.0, "matmul": 0.0, "other": 0.0}
+    for t, _, name in _timed(events, device_type):
+        totals[classify(name)] += t
     whole = sum(totals.values()) or 1.0
     shares = {f"time_share_{k}": v / whole for k, v in totals.items()}
     if device_type == "cuda":
@@ -57,15 +68,8 @@ def time_shares(events, device_type: str) -> Dict[str, float]:
 def top_kernels(events, device_type: str, n: int = 30) -> str:
     """The n costliest kernels (CUDA) or operators (CPU) by self time, one per line:
     share of the step's total, class, calls, name (cut to 120 characters)."""
-    rows = []
-    for e in events:
-        if device_type == "cuda" and getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
-            continue
-        t = e.self_device_time_total if device_type == "cuda" else e.self_cpu_time_total
-        if t > 0:
-            rows.append((t, e.count, e.key))
+    rows = sorted(_timed(events, device_type), reverse=True)
     whole = sum(r[0] for r in rows) or 1.0
-    rows.sort(reverse=True)
     lines = [f"{100 * t / whole:6.2f}%  {classify(k):9s} {c:6d}x  {k[:120]}" for t, c, k in rows[:n]]
     return "share   class     calls   name\n" + "\n".join(lines) + "\n"
 

@@ -1,12 +1,13 @@
 """Step profiling: kernel/operator names are classed as attention, matmul or other; a profiled
 step of a real run logs the shares and writes a Chrome trace."""
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 from train_runner import losses, run
 
-from training.profiling import classify
+from training.profiling import classify, time_shares, top_kernels
 
 
 @pytest.mark.parametrize("name, cls", [
@@ -27,6 +28,29 @@ def test_classify(name, cls):
     assert classify(name) == cls
 
 
+def _gpu_event(name, us, annotation=False):
+    return SimpleNamespace(key=name, count=1, self_device_time_total=us, is_user_annotation=annotation,
+                           device_type=torch.autograd.DeviceType.CUDA)
+
+
+def test_gpu_spans_of_user_annotations_are_not_kernel_time():
+    """torch's optimizers wrap step() in record_function; its GPU-side span covers the optimizer's
+    kernels, so counting it would count them twice (session 18: 'other' and 'GPU busy' were ~1% high)."""
+    events = [_gpu_event("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT", 600.0),
+              _gpu_event("void flashgpt::sm90::flash_bwd_kernel<...>", 250.0),
+              _gpu_event("multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata>", 150.0),
+              _gpu_event("Optimizer.step#AdamW.step", 149.0, annotation=True),
+              SimpleNamespace(key="aten::mm", count=1, self_device_time_total=600.0, is_user_annotation=False,
+                              device_type=torch.autograd.DeviceType.CPU)]
+    shares = time_shares(events, "cuda")
+    assert shares["kernel_time_s"] == pytest.approx(1000e-6)
+    assert (shares["time_share_matmul"], shares["time_share_attention"], shares["time_share_other"]) == \
+        pytest.approx((0.6, 0.25, 0.15))
+    top = top_kernels(events, "cuda").splitlines()
+    assert len(top) == 4 and not any("Optimizer.step#" in line or "aten::mm" in line for line in top)
+    assert top[1].split()[0] == "60.00%"
+
+
 def test_profiled_step_logs_shares_and_trace(tmp_path):
     cache = tmp_path / "cache"
     run(tmp_path, cache, "train.max_steps=3", "train.run_name=p", "train.profile_step=2",
@@ -43,4 +67,6 @@ def test_profiled_step_logs_shares_and_trace(tmp_path):
     top = (tmp_path / "p" / "profile_step_2.top.txt").read_text().splitlines()
     assert top[0].startswith("share") and len(top) > 5  # header + the costliest operators
     assert any(" matmul " in line for line in top[1:]) and any(" attention " in line for line in top[1:])
+    if torch.cuda.is_available():  # kernels only: not the optimizer's record_function span
+        assert not any("Optimizer.step#" in line for line in top[1:])
     assert sorted(losses(tmp_path / "p")) == [1, 2, 3]
