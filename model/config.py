@@ -27,6 +27,10 @@ class GPTConfig:
     attention: str = "auto"  # auto | flash (our kernel) | sdpa | reference
     mlp: str = "auto"  # auto | fused (GELU in cuBLASLt's GEMM epilogues, CUDA) | torch (model/mlp.py)
     fused_loss: bool = True  # head + cross-entropy in row chunks, never holding full fp32 logits
+    # The residual stream's dtype under autocast: fp32 (the embedding's dtype; the blocks' bf16 outputs
+    # are added in fp32, as nanoGPT / GPT-NeoX) or autocast (the autocast dtype, as Megatron-LM's
+    # default fp32_residual_connection=False: half the bytes in every LayerNorm and residual add).
+    residual: str = "fp32"  # fp32 | autocast
 
     @property
     def head_dim(self) -> int:

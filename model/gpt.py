@@ -104,6 +104,8 @@ class GPT(nn.Module):
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(T, device=idx.device))
         x = self.drop(x)
+        if self.cfg.residual == "autocast" and torch.is_autocast_enabled(x.device.type):
+            x = x.to(torch.get_autocast_dtype(x.device.type))  # the blocks' outputs then add in bf16
         rope = (self.rope_cos, self.rope_sin) if self.cfg.pos_emb == "rope" else None
         for block in self.blocks:
             x = block(x, rope, cu_seqlens, max_seqlen)

@@ -198,6 +198,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     if m.pos_emb == "rope" and head_dim % 2:
         raise ConfigError(f"pos_emb=rope needs an even head_dim, got {head_dim}")
     _choice(m.pos_emb, ("learned", "rope"), "model.pos_emb")
+    _choice(m.residual, ("fp32", "autocast"), "model.residual")
     _choice(m.attention, ("auto", "flash", "sdpa", "reference"), "model.attention")
     _choice(m.mlp, ("auto", "fused", "torch"), "model.mlp")
     if not 0.0 <= m.dropout < 1.0:

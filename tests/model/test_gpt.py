@@ -136,3 +136,30 @@ def test_flops_per_token_formula():
     N = cfg.num_params()
     assert cfg.flops_per_token() == 6 * N + 12 * 24 * 2048 * 8192
     assert cfg.flops_per_token(causal_aware=True) == 6 * N + 6 * 24 * 2048 * 8192
+
+
+def test_residual_stream_dtype_under_autocast():
+    """model.residual=autocast carries the residual stream in the autocast dtype (Megatron-LM's
+    default); fp32 (the default) keeps it in the embedding's fp32. Same weights: same loss within
+    bf16 rounding, and gradients that agree."""
+    torch.manual_seed(0)
+    idx = torch.randint(0, 96, (2, 33))
+    seen, results = {}, {}
+    for residual in ("fp32", "autocast"):
+        torch.manual_seed(1)
+        cfg = GPTConfig(n_layer=3, d_model=64, n_head=4, vocab_size=96, seq_len=64, attention="sdpa",
+                        mlp="torch", residual=residual)
+        model = GPT(cfg)
+        hook = model.blocks[1].register_forward_pre_hook(lambda m, a, r=residual: seen.__setitem__(r, a[0].dtype))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(idx, targets=idx.roll(-1, 1))
+        loss.backward()
+        hook.remove()
+        results[residual] = (loss.item(), model.blocks[0].mlp.fc.weight.grad.clone())
+    assert seen == {"fp32": torch.float32, "autocast": torch.bfloat16}
+    (l32, g32), (l16, g16) = results["fp32"], results["autocast"]
+    assert abs(l32 - l16) < 2e-2 * abs(l32) and l32 != l16  # the stream's rounding changes the loss a little
+    assert (g16 - g32).norm() < 0.1 * g32.norm()
+    with torch.no_grad():  # outside autocast both are the fp32 model
+        model.cfg.residual = "autocast"
+        assert model(idx).dtype == torch.float32

@@ -46,6 +46,7 @@ def test_paper_shapes():
     (["model.pos_emb=alibi"], "model.pos_emb"),
     (["model.attention=xformers"], "model.attention"),
     (["model.mlp=swiglu"], "model.mlp"),
+    (["model.residual=bf16"], "model.residual"),
     (["model.mlp=fused", "engine.type=deepspeed", "engine.zero_stage=3"], "ZeRO-3"),
     (["train.global_batch_size=10", "train.micro_batch_size=4"], "global_batch_size"),
     (["train.max_steps=0"], "max_steps"),
