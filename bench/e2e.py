@@ -14,7 +14,8 @@ Setups:
   ours_sdpa      the same with model.attention=sdpa (PyTorch SDPA: cuDNN on H100)
   ours_compile, ours_flash_compile, ours_sdpa_compile
                  the same with train.compile=true (torch.compile of the model, our op traced inside)
-  eager_cudnn    plain PyTorch: the same GPT with SDPA forced to cuDNN, eager, plain cross-entropy
+  eager_cudnn    plain PyTorch: the same GPT (the config's model section, model.residual included)
+                 with SDPA forced to cuDNN, nn.Linear + F.gelu, eager, plain cross-entropy
   eager_flash    the same with SDPA's FlashAttention-2 backend
   compile_flash  torch.compile(model) with SDPA flash
   compile_cudnn  torch.compile(model) with SDPA cuDNN
