@@ -15,6 +15,7 @@ import torch
 
 from data.loader import PackedLoader
 from data.prepare import prepare
+from model.config import GPTConfig
 from model.gpt import GPT
 from training import faults
 from training.checkpoint import CheckpointError, Checkpointer, rng_state, set_rng_state
@@ -34,13 +35,22 @@ class NonFiniteError(RuntimeError):
     """Training stopped on a non-finite loss or gradient norm (train.nonfinite)."""
 
 
+# model.* keys that choose how the same function is computed, not which weights or function: a run
+# may resume with other values (e.g. model.attention=sdpa after flash, model.residual=fp32).
+IMPLEMENTATION_KEYS = ("attention", "mlp", "fused_loss", "residual")
+
+
 def check_compatible(saved: dict, cfg: Config, path: Path) -> None:
-    """A checkpoint resumes only a run of the same model shape and data."""
-    if saved["model"] != to_dict(cfg)["model"]:
-        diff = {k: (v, to_dict(cfg)["model"].get(k)) for k, v in saved["model"].items()
-                if to_dict(cfg)["model"].get(k) != v}
+    """A checkpoint resumes only a run of the same model (shapes and function) and data. A key the
+    checkpoint predates counts as its default value (checkpoints of older versions still resume)."""
+    defaults = dataclasses.asdict(GPTConfig())
+    then, now = saved["model"], to_dict(cfg)["model"]
+    keys = sorted((set(then) | set(now)) - set(IMPLEMENTATION_KEYS))
+    diff = {k: (then.get(k, defaults.get(k)), now.get(k, defaults.get(k))) for k in keys
+            if then.get(k, defaults.get(k)) != now.get(k, defaults.get(k))}
+    if diff:
         raise CheckpointError(f"{path} holds a model of another shape ({diff}, saved vs now); resume with "
-                           f"the same model.* settings or start a new run (train.run_name=...)")
+                              f"the same model.* settings or start a new run (train.run_name=...)")
 
 
 class Trainer:

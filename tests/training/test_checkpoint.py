@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from training.checkpoint import Checkpointer, rng_state, set_rng_state
+from training.checkpoint import CheckpointError, Checkpointer, rng_state, set_rng_state
+from training.config import load_config, to_dict
 from training.distributed import DistInfo
+from training.trainer import check_compatible
 
 
 class FakeEngine:
@@ -230,3 +232,20 @@ def test_read_only_folder_raises_clearly(tmp_path):
     finally:
         root.chmod(0o755)
     assert ck.resolve("auto").name == "step_00000030"
+
+
+def test_resume_check_compares_the_model_not_its_implementation(tmp_path):
+    """Resuming needs the same weights and function: model.attention / mlp / fused_loss / residual
+    may change between runs, and a key a checkpoint predates counts as its default."""
+    cfg = load_config("tiny_cpu.yaml")
+    saved = {"model": to_dict(cfg)["model"]}
+    check_compatible(saved, cfg, tmp_path)
+    for key, value in [("attention", "reference"), ("mlp", "fused"), ("fused_loss", "false"),
+                       ("residual", "autocast")]:
+        check_compatible(saved, load_config("tiny_cpu.yaml", [f"model.{key}={value}"]), tmp_path)
+    older = {"model": {k: v for k, v in saved["model"].items() if k not in ("residual", "norm_eps")}}
+    check_compatible(older, cfg, tmp_path)  # saved before those keys existed, at their defaults
+    with pytest.raises(CheckpointError, match=r"n_layer.*\(4, 3\)"):
+        check_compatible(saved, load_config("tiny_cpu.yaml", ["model.n_layer=3"]), tmp_path)
+    with pytest.raises(CheckpointError, match="norm_eps"):
+        check_compatible(older, load_config("tiny_cpu.yaml", ["model.norm_eps=1e-6"]), tmp_path)
