@@ -44,10 +44,9 @@ def check_compatible(saved: dict, cfg: Config, path: Path) -> None:
     """A checkpoint resumes only a run of the same model (shapes and function) and data. A key the
     checkpoint predates counts as its default value (checkpoints of older versions still resume)."""
     defaults = dataclasses.asdict(GPTConfig())
-    then, now = saved["model"], to_dict(cfg)["model"]
-    keys = sorted((set(then) | set(now)) - set(IMPLEMENTATION_KEYS))
-    diff = {k: (then.get(k, defaults.get(k)), now.get(k, defaults.get(k))) for k in keys
-            if then.get(k, defaults.get(k)) != now.get(k, defaults.get(k))}
+    then, now = {**defaults, **saved["model"]}, {**defaults, **to_dict(cfg)["model"]}
+    diff = {k: (then.get(k), now.get(k)) for k in sorted(set(then) | set(now))
+            if k not in IMPLEMENTATION_KEYS and then.get(k) != now.get(k)}
     if diff:
         raise CheckpointError(f"{path} holds a model of another shape ({diff}, saved vs now); resume with "
                               f"the same model.* settings or start a new run (train.run_name=...)")
