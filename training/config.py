@@ -10,7 +10,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -98,6 +98,8 @@ class TrainConfig:
     keep_last: int = 3  # checkpoints kept
     resume: str = "auto"  # auto | none | path to a checkpoint folder
     compile: bool = False  # torch.compile the model (per block under FSDP2; DeepSpeed's engine.compile)
+    # TorchInductor settings for that compile, by torch/_inductor/config.py's names (training/compile_options.py)
+    compile_options: Dict[str, Any] = field(default_factory=dict)
     stop_after: Optional[int] = None  # leave after this many steps this session (tests, pre-emption drills)
     # A non-finite loss or gradient norm, caught before the optimizer step: skip (drop that update, keep
     # the step count and data order, log skipped_steps; stop after max_skipped in a row) | stop (raise,

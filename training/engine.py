@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from training.config import Config, grad_accum_steps
 from training.distributed import DistInfo
+from training.compile_options import inductor_options
 from training.inductor_barrier import install as install_inductor_barrier
 from training.optim import WarmupCosine, build_optimizer
 from training.weight_cache import WeightCache
@@ -115,7 +116,7 @@ class TorchEngine(Engine):
         wrapped = self.model
         if cfg.train.compile:
             install_inductor_barrier()  # a race in inductor's LayerNorm kernels (training/inductor_barrier.py)
-            wrapped = torch.compile(wrapped)
+            wrapped = torch.compile(wrapped, options=inductor_options(cfg.train.compile_options) or None)
             self.compiled = True
         if dist.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -127,7 +128,8 @@ class TorchEngine(Engine):
             fp32_wgrad, _ = wgrad_fp32_choice(cfg, self.device)
             self.weight_cache = WeightCache(self.model, self.amp_dtype, fp32_wgrad)
             run = functional_forward(self.model)
-            self.cached_forward = torch.compile(run) if cfg.train.compile else run
+            self.cached_forward = torch.compile(
+                run, options=inductor_options(cfg.train.compile_options) or None) if cfg.train.compile else run
 
     def forward_backward(self, batch, sync: bool) -> torch.Tensor:
         """One micro-batch. `sync=False` skips DDP's gradient all-reduce (all but the last

@@ -18,6 +18,7 @@ from training.config import Config
 from training.deepspeed_config import deepspeed_config
 from training.distributed import DistInfo, ensure_process_group
 from training.engine import Engine, autocast_dtype
+from training.compile_options import inductor_options
 from training.inductor_barrier import install as install_inductor_barrier
 from training.optim import WarmupCosine, build_optimizer, param_groups
 
@@ -130,7 +131,8 @@ class DeepSpeedEngine(Engine):
             del init
         if cfg.train.compile:  # DeepSpeed's own entry: compiles the module inside its ZeRO hooks
             install_inductor_barrier()  # a race in inductor's LayerNorm kernels (training/inductor_barrier.py)
-            self.ds.compile()
+            options = inductor_options(cfg.train.compile_options)
+            self.ds.compile(compile_kwargs={"options": options} if options else {})
             self.compiled = True
         self.scheduler = WarmupCosine(self.optimizer, cfg.optim, cfg.train.max_steps)
         if dist.is_main:

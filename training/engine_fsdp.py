@@ -18,6 +18,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from training.config import Config, grad_accum_steps
 from training.distributed import DistInfo, ensure_process_group
 from training.engine import TorchEngine, autocast_dtype
+from training.compile_options import inductor_options
 from training.inductor_barrier import install as install_inductor_barrier
 from training.optim import WarmupCosine, build_optimizer
 
@@ -36,7 +37,7 @@ class FSDPEngine(TorchEngine):
             install_inductor_barrier()  # a race in inductor's LayerNorm kernels (training/inductor_barrier.py)
         for block in model.blocks:
             if cfg.train.compile:
-                block.compile()
+                block.compile(options=inductor_options(cfg.train.compile_options) or None)
             fully_shard(block, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
         self.compiled = bool(cfg.train.compile)  # per block: FSDP2 all-gathers stay between graphs
