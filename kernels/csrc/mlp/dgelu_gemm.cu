@@ -4,14 +4,18 @@
 #include "mlp/dgelu_gemm_variants.h"
 
 namespace flashgpt {
-
-#if defined(FLASHGPT_HAS_CUTLASS) && defined(FLASHGPT_HAS_SM90A)
 namespace {
 
+// The built variants, in index order (nullptr past the end).
 const dgelu::Variant *variant_at(int i) {
+#if defined(FLASHGPT_HAS_CUTLASS) && defined(FLASHGPT_HAS_SM90A)
     static const dgelu::Variant table[] = {dgelu::coop_128x256_bias(), dgelu::coop_128x256(), dgelu::pingpong_128x128()};
     constexpr int n = sizeof(table) / sizeof(table[0]);
     return i >= 0 && i < n ? &table[i] : nullptr;
+#else
+    (void)i;
+    return nullptr;
+#endif
 }
 
 }  // namespace
@@ -21,56 +25,28 @@ int dgelu_gemm_variants() {
     while (variant_at(n)) ++n;
     return n;
 }
-#else
-namespace {
-const void *variant_at(int) { return nullptr; }
-}  // namespace
-
-int dgelu_gemm_variants() { return 0; }
-#endif
 
 const char *dgelu_gemm_variant_name(int variant) {
-#if defined(FLASHGPT_HAS_CUTLASS) && defined(FLASHGPT_HAS_SM90A)
     const auto *v = variant_at(variant);
     return v ? v->name : "";
-#else
-    (void)variant_at(variant);
-    return "";
-#endif
 }
 
 bool dgelu_gemm_bias_in_epilogue(int variant) {
-#if defined(FLASHGPT_HAS_CUTLASS) && defined(FLASHGPT_HAS_SM90A)
     const auto *v = variant_at(variant);
     return v && v->bias_in_epilogue;
-#else
-    (void)variant;
-    return false;
-#endif
 }
 
 size_t dgelu_gemm_workspace_bytes(int variant, int64_t m, int64_t d, int64_t h) {
-#if defined(FLASHGPT_HAS_CUTLASS) && defined(FLASHGPT_HAS_SM90A)
     const auto *v = variant_at(variant);
     return v ? v->workspace(m, d, h) : 0;
-#else
-    (void)variant, (void)m, (void)d, (void)h;
-    return 0;
-#endif
 }
 
 cudaError_t dgelu_gemm(int variant, const void *dy, const void *w2, const void *pre, void *dpre, float *db1,
                        int64_t m, int64_t d, int64_t h, void *workspace, cudaStream_t stream) {
-#if defined(FLASHGPT_HAS_CUTLASS) && defined(FLASHGPT_HAS_SM90A)
     const auto *v = variant_at(variant);
     if (!v) return cudaErrorInvalidValue;
     if (m > INT32_MAX || d > INT32_MAX || h > INT32_MAX) return cudaErrorNotSupported;
     return v->run(dy, w2, pre, dpre, db1, m, d, h, workspace, stream);
-#else
-    (void)variant, (void)dy, (void)w2, (void)pre, (void)dpre, (void)db1, (void)m, (void)d, (void)h, (void)workspace,
-        (void)stream;
-    return cudaErrorNotSupported;
-#endif
 }
 
 }  // namespace flashgpt
