@@ -114,9 +114,10 @@ class TorchEngine(Engine):
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.scheduler = WarmupCosine(self.optimizer, cfg.optim, cfg.train.max_steps)
         wrapped = self.model
+        options = (inductor_options(cfg.train.compile_options) or None) if cfg.train.compile else None
         if cfg.train.compile:
             install_inductor_barrier()  # a race in inductor's LayerNorm kernels (training/inductor_barrier.py)
-            wrapped = torch.compile(wrapped, options=inductor_options(cfg.train.compile_options) or None)
+            wrapped = torch.compile(wrapped, options=options)
             self.compiled = True
         if dist.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -128,8 +129,7 @@ class TorchEngine(Engine):
             fp32_wgrad, _ = wgrad_fp32_choice(cfg, self.device)
             self.weight_cache = WeightCache(self.model, self.amp_dtype, fp32_wgrad)
             run = functional_forward(self.model)
-            self.cached_forward = torch.compile(
-                run, options=inductor_options(cfg.train.compile_options) or None) if cfg.train.compile else run
+            self.cached_forward = torch.compile(run, options=options) if cfg.train.compile else run
 
     def forward_backward(self, batch, sync: bool) -> torch.Tensor:
         """One micro-batch. `sync=False` skips DDP's gradient all-reduce (all but the last

@@ -33,11 +33,12 @@ class FSDPEngine(TorchEngine):
         # bf16 all-gathers and compute, fp32 gradient reduction (the usual FSDP2 recipe)
         mp = MixedPrecisionPolicy(param_dtype=self.amp_dtype, reduce_dtype=torch.float32) \
             if self.amp_dtype is not None else MixedPrecisionPolicy()
+        options = (inductor_options(cfg.train.compile_options) or None) if cfg.train.compile else None
         if cfg.train.compile:
             install_inductor_barrier()  # a race in inductor's LayerNorm kernels (training/inductor_barrier.py)
         for block in model.blocks:
             if cfg.train.compile:
-                block.compile(options=inductor_options(cfg.train.compile_options) or None)
+                block.compile(options=options)
             fully_shard(block, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
         self.compiled = bool(cfg.train.compile)  # per block: FSDP2 all-gathers stay between graphs
