@@ -19,7 +19,7 @@ from training.config import Config, grad_accum_steps
 from training.distributed import DistInfo
 from training.compile_options import inductor_options
 from training.inductor_barrier import install as install_inductor_barrier
-from training.optim import WarmupCosine, build_optimizer
+from training.optim import WarmupCosine, build_optimizer, clip_scale, clips_in_step
 from training.weight_cache import WeightCache
 
 
@@ -104,6 +104,7 @@ def functional_forward(model: torch.nn.Module):
 class TorchEngine(Engine):
     """Plain PyTorch: one process, or DDP across the torchrun ranks (gloo on CPU, nccl on GPU)."""
 
+    _clips_in_step = None  # whether clipping rides in the fused optimizer step (set on the first step)
     weight_cache = None  # WeightCache when in use (one process, autocast): see training/weight_cache.py
 
     def __init__(self, model: torch.nn.Module, cfg: Config, dist: DistInfo):
@@ -159,11 +160,16 @@ class TorchEngine(Engine):
         norm = getattr(self, "_norm", None)
         if norm is None:
             norm = self.grad_norm()
-        if clip > 0:
+        if self._clips_in_step is None:
+            self._clips_in_step = clips_in_step(self.optimizer, self.params)
+        if clip > 0 and self._clips_in_step:
+            self.optimizer.grad_scale = clip_scale(norm, clip)  # fused AdamW divides as it reads
+        elif clip > 0:
             torch.nn.utils.clip_grads_with_norm_(self.params, clip, norm)
         self._norm = None
         lr = self.scheduler.lr
         self.optimizer.step()
+        self.optimizer.grad_scale = None
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         if self.weight_cache is not None:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Dict
+from typing import Dict, List
 
 import torch
 
@@ -23,6 +23,23 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.devi
     fused = cfg.fused == "true" or (cfg.fused == "auto" and device.type == "cuda")
     return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
                              betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused)
+
+
+def clips_in_step(optimizer: torch.optim.Optimizer, params: List[torch.Tensor]) -> bool:
+    """Whether gradient clipping can ride in the optimizer's step (`clip_scale`): torch's fused
+    Adam / AdamW divide each gradient by `optimizer.grad_scale` (a device tensor) as they read it --
+    the protocol torch.amp.GradScaler uses -- so clipping needs no pass of its own over the fp32
+    gradients (8 bytes per parameter: ~0.3% of a 2.7B-8k step on an H100). Plain tensors only:
+    FSDP2's DTensor parameters keep torch's clip."""
+    return (isinstance(optimizer, torch.optim.Adam) and bool(optimizer.defaults.get("fused"))
+            and getattr(optimizer, "_step_supports_amp_scaling", False)
+            and not any(hasattr(p, "device_mesh") for p in params))
+
+
+def clip_scale(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """The divisor that clips: grad / clip_scale == grad * min(1, max_norm / (norm + 1e-6)), the
+    coefficient of torch.nn.utils.clip_grads_with_norm_; fp32, on norm's device (no sync)."""
+    return torch.clamp((norm.float() + 1e-6) / max_norm, min=1.0)
 
 
 class WarmupCosine:
