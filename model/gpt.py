@@ -17,6 +17,7 @@ from model.config import GPTConfig
 from model.loss import fused_linear_cross_entropy
 from model.mlp import MLP, resolve_mlp
 from model.rope import rope_cache
+from model.tied_grad import TiedEmbedding
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +28,19 @@ class LMHead(nn.Linear):
     The loss runs inside this module's forward so that wrappers which gather parameters around a
     module's forward (ZeRO-3, FSDP) see the (tied) weight in use."""
 
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__(in_features, out_features, bias=bias)
+        # Set from outside (training/weight_cache.py, through functional_call), None by default:
+        # the (tied) weight's fp32 gradient buffer and its copy in the compute dtype.
+        self.register_buffer("main_grad", None, persistent=False)
+        self.register_buffer("weight_lp", None, persistent=False)
+
     def forward(self, x, targets=None, fused: bool = True):  # x (B, T, d)
         if targets is None:
             return super().forward(x)  # logits (B, T, vocab)
         if fused:
-            return fused_linear_cross_entropy(x, self.weight, targets)
+            return fused_linear_cross_entropy(x, self.weight, targets, main_grad=self.main_grad,
+                                              weight_lp=self.weight_lp)
         logits = super().forward(x)
         return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
 
@@ -64,7 +73,7 @@ class GPT(nn.Module):
         self.mlp_impl, reason = resolve_mlp(cfg.mlp, backend_device, attention_dtype, cfg.d_model,
                                             cfg.mlp_ratio * cfg.d_model)
         log.info("MLP: %s (%s)", self.mlp_impl, reason)
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wte = TiedEmbedding(cfg.vocab_size, cfg.d_model)  # nn.Embedding + an optional grad buffer
         self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.pos_emb == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, self.attention_backend, self.mlp_impl) for _ in range(cfg.n_layer))

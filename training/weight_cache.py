@@ -16,15 +16,19 @@ gradient clipping and evaluation keep seeing the fp32 parameters only.
 
 Cached: the weights and biases of `nn.Linear` modules whose weight is not shared with another module
 (the output head is tied to the fp32 token embedding, which autocast does not cast). LayerNorm and
-embedding parameters run in fp32 under autocast and stay as they are.
+embedding parameters run in fp32 under autocast and stay as they are. A module with a `weight_lp`
+buffer slot (GPT's output head, model/gpt.py) gets a copy of its weight in the cache's dtype for its
+matmuls, without a gradient (the head casts its tied weight once per step instead of once per
+micro-batch; the embedding keeps looking up fp32 rows).
 
 With `fp32_wgrad=True`, the weights of modules that take a `main_grad` buffer (model/linear.py) skip
 the fold: `tensors()` also hands each such module its fp32 parameter's .grad (zeroed when absent) as
 `main_grad`, and the backward's weight-gradient GEMM adds its fp32 result straight into it
 (kernels/wgrad.py): no bf16 weight gradient is written or folded, and the product is not rounded to
 bf16 on the way (the run is then not bit-identical to autocast's, but closer to fp32). Biases still
-fold. The fp32 .grad of those weights then exists from the first micro-batch's forward on, not from
-its backward.
+fold. The tied embedding / head weight gets the same: both modules' `main_grad` is its fp32 .grad,
+and their backwards add into it (model/tied_grad.py). The fp32 .grad of those weights then exists
+from the first micro-batch's forward on, not from its backward.
 """
 from __future__ import annotations
 
@@ -75,7 +79,11 @@ class WeightCache:
                 copy.requires_grad_()
                 copy.register_post_accumulate_grad_hook(self._folder(master))
             self.copies.append(copy)
+        # copies without a gradient, for matmuls of weights cached nowhere else (the tied output head)
+        self.lp_slots = [(name, master, torch.empty_like(master, dtype=dtype)) for name, master in
+                         low_precision_slots(model)]
         self.by_name = dict(zip(self.names, self.copies))  # the same tensors every step: built once
+        self.by_name.update((name, copy) for name, _, copy in self.lp_slots)
         self.stale = True
 
     @staticmethod
@@ -98,7 +106,8 @@ class WeightCache:
 
     @torch.no_grad()
     def refresh(self) -> None:
-        torch._foreach_copy_(self.copies, self.masters)  # one multi-tensor cast kernel
+        torch._foreach_copy_(self.copies + [c for _, _, c in self.lp_slots],
+                             self.masters + [m for _, m, _ in self.lp_slots])  # one multi-tensor cast kernel
         self.stale = False
 
     def tensors(self) -> Dict[str, torch.Tensor]:
@@ -108,20 +117,48 @@ class WeightCache:
             self.refresh()
         with torch.no_grad():
             for buffer_name, master in self.accumulated:
-                if master.grad is None:  # first micro-batch of an accumulation
-                    self.by_name[buffer_name] = None  # free the last step's buffer first (keys keep
-                    master.grad = torch.zeros_like(master)  # their order: no recompiles)
+                if master.grad is None:  # first micro-batch of an accumulation: free the last step's
+                    self.by_name[buffer_name] = None  # buffers first (keys keep their order: no recompiles)
+            for buffer_name, master in self.accumulated:
+                if master.grad is None:
+                    master.grad = torch.zeros_like(master)
                 if self.by_name.get(buffer_name) is not master.grad:  # also if .grad was replaced
                     self.by_name[buffer_name] = master.grad
         return self.by_name
 
 
 def fp32_wgrad_targets(model: nn.Module, cached: Dict[str, nn.Parameter]) -> List[Tuple[str, nn.Parameter]]:
-    """(`<module>.main_grad`, fp32 weight) for each module with a main_grad buffer slot
-    (model/linear.py) whose weight is cached."""
+    """(`<module>.main_grad`, fp32 weight) for each module with a main_grad buffer slot whose weight
+    is cached (model/linear.py) or tied between modules (the embedding and the output head,
+    model/tied_grad.py)."""
+    cached_ids = {id(p) for p in cached.values()}
+    tied_ids = {id(p) for p in _shared_parameters(model)}
     out = []
     for prefix, module in model.named_modules():
-        weight_name = f"{prefix}.weight" if prefix else "weight"
-        if "main_grad" in module._buffers and weight_name in cached:
-            out.append((f"{prefix}.main_grad" if prefix else "main_grad", cached[weight_name]))
+        weight = getattr(module, "weight", None)
+        if "main_grad" in module._buffers and isinstance(weight, nn.Parameter) and weight.requires_grad \
+                and weight.dtype == torch.float32 and (id(weight) in cached_ids or id(weight) in tied_ids):
+            out.append((f"{prefix}.main_grad" if prefix else "main_grad", weight))
     return out
+
+
+def low_precision_slots(model: nn.Module) -> List[Tuple[str, nn.Parameter]]:
+    """(`<module>.weight_lp`, fp32 weight) for each module with a weight_lp buffer slot (the output
+    head, model/gpt.py) whose weight is an fp32 parameter."""
+    out = []
+    for prefix, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if "weight_lp" in module._buffers and isinstance(weight, nn.Parameter) and weight.dtype == torch.float32:
+            out.append((f"{prefix}.weight_lp" if prefix else "weight_lp", weight))
+    return out
+
+
+def _shared_parameters(model: nn.Module) -> List[nn.Parameter]:
+    """Parameters that more than one module holds (GPT's tied embedding / output head weight)."""
+    owners: Dict[int, int] = {}
+    params: Dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+            params[id(p)] = p
+    return [params[i] for i, n in owners.items() if n > 1]

@@ -167,8 +167,9 @@ def test_fp32_weight_gradients_replace_the_fold(compile):
     (and biases, still folded, within that too), and the same loss curve."""
     flags = ["train.compile=true"] if compile else []
     on, fold = engine_for(small_cfg("engine.wgrad_fp32=enabled", *flags)), engine_for(small_cfg(*flags))
-    assert [n for n, _ in on.weight_cache.accumulated] == [
-        f"blocks.{i}.{m}.main_grad" for i in range(2) for m in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")]
+    assert [n for n, _ in on.weight_cache.accumulated] == ["wte.main_grad"] + [
+        f"blocks.{i}.{m}.main_grad" for i in range(2) for m in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")
+    ] + ["lm_head.main_grad"]  # the tied embedding / head weight's buffer is its .grad for both modules
     assert fold.weight_cache.accumulated == []
     data = batches(on.cfg, 9, seed=5)
     for b in data[:3]:
