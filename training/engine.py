@@ -168,8 +168,10 @@ class TorchEngine(Engine):
             torch.nn.utils.clip_grads_with_norm_(self.params, clip, norm)
         self._norm = None
         lr = self.scheduler.lr
-        self.optimizer.step()
-        self.optimizer.grad_scale = None
+        try:
+            self.optimizer.step()
+        finally:
+            self.optimizer.grad_scale = None  # a later step without the fold must not divide
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         if self.weight_cache is not None:

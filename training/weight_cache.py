@@ -40,11 +40,8 @@ import torch.nn as nn
 
 def cacheable_parameters(model: nn.Module) -> List[Tuple[str, nn.Parameter]]:
     """(name, fp32 parameter) of every `nn.Linear` weight / bias that autocast would cast and that no
-    other module uses (tied weights keep autocast's own cast)."""
-    owners: Dict[int, int] = {}
-    for module in model.modules():
-        for p in module.parameters(recurse=False):
-            owners[id(p)] = owners.get(id(p), 0) + 1
+    other module uses (tied weights: see `low_precision_slots`)."""
+    owners = _owner_counts(model)
     out = []
     for prefix, module in model.named_modules():
         if not isinstance(module, nn.Linear):
@@ -132,7 +129,7 @@ def fp32_wgrad_targets(model: nn.Module, cached: Dict[str, nn.Parameter]) -> Lis
     is cached (model/linear.py) or tied between modules (the embedding and the output head,
     model/tied_grad.py)."""
     cached_ids = {id(p) for p in cached.values()}
-    tied_ids = {id(p) for p in _shared_parameters(model)}
+    tied_ids = {i for i, n in _owner_counts(model).items() if n > 1}
     out = []
     for prefix, module in model.named_modules():
         weight = getattr(module, "weight", None)
@@ -153,12 +150,10 @@ def low_precision_slots(model: nn.Module) -> List[Tuple[str, nn.Parameter]]:
     return out
 
 
-def _shared_parameters(model: nn.Module) -> List[nn.Parameter]:
-    """Parameters that more than one module holds (GPT's tied embedding / output head weight)."""
+def _owner_counts(model: nn.Module) -> Dict[int, int]:
+    """id(parameter) -> how many modules hold it (2 for GPT's tied embedding / output head weight)."""
     owners: Dict[int, int] = {}
-    params: Dict[int, nn.Parameter] = {}
     for module in model.modules():
         for p in module.parameters(recurse=False):
             owners[id(p)] = owners.get(id(p), 0) + 1
-            params[id(p)] = p
-    return [params[i] for i, n in owners.items() if n > 1]
+    return owners
