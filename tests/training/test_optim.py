@@ -1,5 +1,6 @@
 """Warm-up + cosine schedule and parameter groups."""
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -108,7 +109,7 @@ def test_engine_with_fused_adamw_trains_like_torch_clip():
         g = torch.Generator().manual_seed(1)
         for _ in range(3):
             t = torch.randint(0, 96, (2, 17), generator=g)
-            engine.forward_backward(SimpleBatch(t[:, :-1], t[:, 1:]), sync=True)
+            engine.forward_backward(SimpleNamespace(x=t[:, :-1], y=t[:, 1:]), sync=True)
             assert float(engine.grad_norm()) > 0.05  # the clip is active
             engine.step()
         assert getattr(engine.optimizer, "grad_scale", None) is None
@@ -118,7 +119,3 @@ def test_engine_with_fused_adamw_trains_like_torch_clip():
     for (name, a), b in zip(fold.model.named_parameters(), plain.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
 
-
-class SimpleBatch:
-    def __init__(self, x, y):
-        self.x, self.y = x, y
