@@ -30,7 +30,8 @@ median step time is the "GPU busy" column: 100% minus it bounds what removing la
 graphs) could give. Model TFLOP/s per the paper: (6·N + 12·L·d·s) FLOPs per token; causal-aware: 6·N + 6·L·d·s.
 Every compiled setup, ours and plain, compiles with training/inductor_barrier.py's fix installed (a
 race in inductor's LayerNorm kernels made compiled steps wrong; session 17), so all measure correct
-programs, and with the config's train.compile_options (TorchInductor settings), plain ones too.
+programs, and with the config's train.compile_options (TorchInductor settings) and
+train.compile_persistent_rows (training/persistent_rows.py), plain ones too.
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from model.gpt import GPT  # noqa: E402
-from training.compile_options import inductor_options  # noqa: E402
+from training.compile_options import prepare_compile  # noqa: E402
 from training.config import load_config  # noqa: E402
 from training.gpu_telemetry import GpuTelemetry  # noqa: E402
 from training.inductor_barrier import install as install_inductor_barrier  # noqa: E402
@@ -66,7 +67,8 @@ def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, micro
     torch.manual_seed(0)
     model = GPT(mcfg, device=torch.device("cuda")).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
-    options = inductor_options(cfg.train.compile_options) or None  # the config's, as our trainer's compile
+    # the config's compile settings (train.compile_options, train.compile_persistent_rows), as our trainer's
+    options = (prepare_compile(cfg.train) or None) if mode == "compile" else None
     fwd = torch.compile(model, options=options) if mode == "compile" else model
     T = mcfg.seq_len
     data = torch.randint(0, mcfg.vocab_size, (accum, micro, T + 1), device="cuda")  # (accum, B, T+1)

@@ -9,6 +9,10 @@ On the command line `train.compile_options.triton.enable_pdl=true` nests (OmegaC
 both forms mean the same dotted name. The options go to torch.compile(options=...) (scoped to our model's
 graphs, not process-wide) in every engine: the one-process / DDP engine, FSDP2's per-block compile and
 DeepSpeed's engine.compile. An unknown name or a value of the wrong type is a ConfigError naming it.
+
+`prepare_compile(cfg.train)` is what each engine runs before its compile: training/inductor_barrier.py's
+fix, training/persistent_rows.py's rule (train.compile_persistent_rows; with it active the compile runs
+without triton.multi_kernel, whose timed pick the rule replaces), and these options.
 """
 from __future__ import annotations
 
@@ -51,3 +55,23 @@ def inductor_options(options: Mapping | None) -> dict[str, Any]:
                 isinstance(value, bool) or not isinstance(value, (int, float))):
             raise ConfigError(f"train.compile_options.{name}={value!r} must be a number (default {default!r})")
     return flat
+
+
+def prepare_compile(train) -> dict[str, Any]:
+    """Before an engine's torch.compile (train = cfg.train, with compile on): install the inductor
+    barrier and the persistent-rows rule; return torch.compile's options."""
+    from training import persistent_rows
+    from training.inductor_barrier import install as install_inductor_barrier
+
+    install_inductor_barrier()  # a race in inductor's LayerNorm kernels (training/inductor_barrier.py)
+    options = inductor_options(train.compile_options)
+    if persistent_rows.install(train.compile_persistent_rows) and persistent_rows.current_limit():
+        options["triton.multi_kernel"] = 0  # the rule chooses the persistent rows, not a timed pick
+    elif options.get("triton.multi_kernel"):
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "train.compile_options.triton.multi_kernel: in torch 2.11 its generated code failed to load from "
+            "TorchInductor's FX graph cache (a second run on the same machine stopped at compile); "
+            "train.compile_persistent_rows makes the LayerNorm rows persistent without it (training/persistent_rows.py)")
+    return options

@@ -100,6 +100,9 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (per block under FSDP2; DeepSpeed's engine.compile)
     # TorchInductor settings for that compile, by torch/_inductor/config.py's names (training/compile_options.py)
     compile_options: Dict[str, Any] = field(default_factory=dict)
+    # Row reductions (the LayerNorm forward) up to this many elements kept in registers by the compile
+    # (training/persistent_rows.py; inductor's own limit is 1024); 0 = inductor decides
+    compile_persistent_rows: int = 0
     stop_after: Optional[int] = None  # leave after this many steps this session (tests, pre-emption drills)
     # A non-finite loss or gradient norm, caught before the optimizer step: skip (drop that update, keep
     # the step count and data order, log skipped_steps; stop after max_skipped in a row) | stop (raise,
@@ -248,6 +251,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     _choice(t.nonfinite, ("skip", "stop"), "train.nonfinite")
     if t.max_skipped <= 0:
         raise ConfigError(f"train.max_skipped={t.max_skipped} must be positive")
+    if t.compile_persistent_rows < 0:
+        raise ConfigError(f"train.compile_persistent_rows={t.compile_persistent_rows} must be >= 0 (0 = inductor decides)")
     if t.profile_step < 0:
         raise ConfigError(f"train.profile_step={t.profile_step} must be >= 0 (0 = no profiling)")
     if t.eval_interval < 0 or t.ckpt_interval < 0 or t.eval_steps < 0:

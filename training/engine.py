@@ -17,8 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from training.config import Config, grad_accum_steps
 from training.distributed import DistInfo
-from training.compile_options import inductor_options
-from training.inductor_barrier import install as install_inductor_barrier
+from training.compile_options import prepare_compile
 from training.optim import WarmupCosine, build_optimizer, clip_scale, clips_in_step
 from training.weight_cache import WeightCache
 
@@ -115,9 +114,8 @@ class TorchEngine(Engine):
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.scheduler = WarmupCosine(self.optimizer, cfg.optim, cfg.train.max_steps)
         wrapped = self.model
-        options = (inductor_options(cfg.train.compile_options) or None) if cfg.train.compile else None
+        options = (prepare_compile(cfg.train) or None) if cfg.train.compile else None
         if cfg.train.compile:
-            install_inductor_barrier()  # a race in inductor's LayerNorm kernels (training/inductor_barrier.py)
             wrapped = torch.compile(wrapped, options=options)
             self.compiled = True
         if dist.enabled:

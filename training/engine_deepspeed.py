@@ -18,8 +18,7 @@ from training.config import Config
 from training.deepspeed_config import deepspeed_config
 from training.distributed import DistInfo, ensure_process_group
 from training.engine import Engine, autocast_dtype
-from training.compile_options import inductor_options
-from training.inductor_barrier import install as install_inductor_barrier
+from training.compile_options import prepare_compile
 from training.optim import WarmupCosine, build_optimizer, param_groups
 
 TAG = "deepspeed"  # sub-folder of our checkpoint folder holding DeepSpeed's own files
@@ -130,8 +129,7 @@ class DeepSpeedEngine(Engine):
                     "(optimizer %s): early warm-up updates may not move them", type(self.optimizer).__name__)
             del init
         if cfg.train.compile:  # DeepSpeed's own entry: compiles the module inside its ZeRO hooks
-            install_inductor_barrier()  # a race in inductor's LayerNorm kernels (training/inductor_barrier.py)
-            options = inductor_options(cfg.train.compile_options)
+            options = prepare_compile(cfg.train)
             self.ds.compile(compile_kwargs={"options": options} if options else {})
             self.compiled = True
         self.scheduler = WarmupCosine(self.optimizer, cfg.optim, cfg.train.max_steps)

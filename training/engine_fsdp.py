@@ -18,8 +18,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from training.config import Config, grad_accum_steps
 from training.distributed import DistInfo, ensure_process_group
 from training.engine import TorchEngine, autocast_dtype
-from training.compile_options import inductor_options
-from training.inductor_barrier import install as install_inductor_barrier
+from training.compile_options import prepare_compile
 from training.optim import WarmupCosine, build_optimizer
 
 
@@ -33,9 +32,7 @@ class FSDPEngine(TorchEngine):
         # bf16 all-gathers and compute, fp32 gradient reduction (the usual FSDP2 recipe)
         mp = MixedPrecisionPolicy(param_dtype=self.amp_dtype, reduce_dtype=torch.float32) \
             if self.amp_dtype is not None else MixedPrecisionPolicy()
-        options = (inductor_options(cfg.train.compile_options) or None) if cfg.train.compile else None
-        if cfg.train.compile:
-            install_inductor_barrier()  # a race in inductor's LayerNorm kernels (training/inductor_barrier.py)
+        options = (prepare_compile(cfg.train) or None) if cfg.train.compile else None
         for block in model.blocks:
             if cfg.train.compile:
                 block.compile(options=options)

@@ -51,3 +51,31 @@ def test_the_engine_compiles_with_the_options(monkeypatch):
     calls.clear()
     TorchEngine(GPT(cfg.model), load_config("tiny_cpu.yaml", [*TINY, "train.compile=true"]), DistInfo())
     assert calls and all(c["options"] is None for c in calls)
+
+
+def test_persistent_rows_replace_multi_kernel_in_our_compile(monkeypatch):
+    """train.compile_persistent_rows installs training/persistent_rows.py's rule (process-wide; 0 turns
+    it off again) and the compile then runs without triton.multi_kernel; without it the config's options
+    pass unchanged."""
+    from training import persistent_rows
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(kw) or fn)
+    monkeypatch.setattr(persistent_rows, "_limit", 0)
+    cfg = load_config("tiny_cpu.yaml", [*TINY, "train.compile=true", "train.compile_persistent_rows=4096",
+                                        "train.compile_options.triton.multi_kernel=1"])
+    TorchEngine(GPT(cfg.model), cfg, DistInfo())
+    assert calls and all(c["options"] == {"triton.multi_kernel": 0} for c in calls)
+    assert persistent_rows.current_limit() == 4096
+    from torch._inductor.choices import InductorChoices
+
+    assert InductorChoices.should_use_persistent_reduction.__module__ == "training.persistent_rows"
+    persistent_rows.install(0)  # a later compile without the setting: inductor's own choice again
+    assert persistent_rows.current_limit() == 0
+    calls.clear()
+    cfg = load_config("tiny_cpu.yaml", [*TINY, "train.compile=true", "train.compile_options.triton.multi_kernel=1"])
+    TorchEngine(GPT(cfg.model), cfg, DistInfo())
+    assert calls and all(c["options"] == {"triton.multi_kernel": 1} for c in calls)
+    assert persistent_rows.current_limit() == 0
+    with pytest.raises(ConfigError, match="compile_persistent_rows=-1"):
+        load_config("tiny_cpu.yaml", [*TINY, "train.compile_persistent_rows=-1"])
