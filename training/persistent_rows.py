@@ -19,8 +19,8 @@ load from TorchInductor's FX graph cache in torch 2.11 (a second run on the same
 compile: `TypeError: 'NoneType' object does not support the context manager protocol` in triton's
 `JITFunction.cache_key`); the rule leaves no multi-kernel in the code. The FX graph cache's key does
 not include the limit: after changing it, a graph compiled before may come back from the cache with
-its kernels (the same function, the old kernel choice). A torch without the
-method gets a warning and inductor's own choice.
+its kernels (the same function, the old kernel choice). A torch without the method gets a warning
+and inductor's own choice.
 """
 from __future__ import annotations
 
@@ -45,11 +45,13 @@ def install(limit: int) -> bool:
         from torch._inductor.virtualized import V
     except ImportError as e:
         log.warning("train.compile_persistent_rows: this torch lacks TorchInductor's choices (%s); inductor decides", e)
+        _limit = 0
         return False
     original = getattr(InductorChoices, "should_use_persistent_reduction", None)
     if original is None:
         log.warning("train.compile_persistent_rows: this torch's InductorChoices has no "
                     "should_use_persistent_reduction; inductor decides")
+        _limit = 0
         return False
 
     def should_use_persistent_reduction(features, cooperative_reduction):
