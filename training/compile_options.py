@@ -65,7 +65,8 @@ def prepare_compile(train) -> dict[str, Any]:
 
     install_inductor_barrier()  # a race in inductor's LayerNorm kernels (training/inductor_barrier.py)
     options = inductor_options(train.compile_options)
-    if persistent_rows.install(train.compile_persistent_rows) and persistent_rows.current_limit():
+    persistent_rows.install(train.compile_persistent_rows)  # a torch without the hook leaves no limit
+    if persistent_rows.current_limit():
         options["triton.multi_kernel"] = 0  # the rule chooses the persistent rows, not a timed pick
     elif options.get("triton.multi_kernel"):
         import logging

@@ -40,6 +40,7 @@ def install(limit: int) -> bool:
     if _wrapped or not _limit:
         return True
     try:
+        import torch._inductor.config as config
         from torch._inductor.choices import InductorChoices
         from torch._inductor.runtime.hints import ReductionHint
         from torch._inductor.virtualized import V
@@ -55,8 +56,6 @@ def install(limit: int) -> bool:
         return False
 
     def should_use_persistent_reduction(features, cooperative_reduction):
-        import torch._inductor.config as config
-
         if (_limit and config.triton.persistent_reductions and not cooperative_reduction
                 and features.get_reduction_hint() == ReductionHint.INNER
                 and V.graph.sizevars.statically_known_leq(features.reduction_numel, _limit)):
