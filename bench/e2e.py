@@ -21,6 +21,8 @@ Setups:
   compile_cudnn  torch.compile(model) with SDPA cuDNN
 A setup may carry trainer overrides after colons, for an A/B in one run:
   ours_compile:engine.weight_cache=disabled   ours_compile:model.mlp=torch
+or for our trainer at another micro-batch than the plain setups (tokens per step and tokens/s are each
+setup's own): ours_compile:train.micro_batch_size=3:train.global_batch_size=9
 --micro-batch B runs every setup with B sequences per forward and accum / B micro-batches per
 optimizer step (the same tokens per step).
 Plain steps feed random tokens already on the GPU and time with CUDA events (median of steps after
@@ -36,6 +38,7 @@ train.compile_persistent_rows (training/persistent_rows.py), plain ones too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -69,6 +72,14 @@ def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, micro
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     # the config's compile settings (train.compile_options, train.compile_persistent_rows), as our trainer's
     options = (prepare_compile(cfg.train) or None) if mode == "compile" else None
+    # Each plain compiled setup compiles its own program: neither dynamo's code cache nor TorchInductor's
+    # caches key on SDPA's backend choice, so compile_cudnn after compile_flash in one process ran
+    # compile_flash's kernels (session 22: the same 514 TFLOP/s and 44% attention share). Dynamo forgets
+    # earlier setups here; the caches stay off while this setup compiles and runs.
+    if mode == "compile":
+        torch._dynamo.reset()
+    own_compile = (torch._inductor.config.patch(force_disable_caches=True) if mode == "compile"
+                   else contextlib.nullcontext())
     fwd = torch.compile(model, options=options) if mode == "compile" else model
     T = mcfg.seq_len
     data = torch.randint(0, mcfg.vocab_size, (accum, micro, T + 1), device="cuda")  # (accum, B, T+1)
@@ -86,7 +97,7 @@ def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, micro
     torch.cuda.reset_peak_memory_stats()
     telemetry = GpuTelemetry.open(torch.device("cuda"))
     power = {}
-    with sdpa_kernel(getattr(SDPBackend, SDPA[backend])):
+    with own_compile, sdpa_kernel(getattr(SDPBackend, SDPA[backend])):
         for i in range(warmup + steps):
             if i == warmup and telemetry is not None:
                 telemetry.mark()
@@ -100,8 +111,9 @@ def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, micro
     if telemetry is not None:
         power = telemetry.mark(tokens=steps * accum * micro * T)
         telemetry.close()
-    out = {"step_s": statistics.median(times), "mem_gb": torch.cuda.max_memory_allocated() / 1e9, **power}
-    with sdpa_kernel(getattr(SDPBackend, SDPA[backend])):
+    out = {"step_s": statistics.median(times), "tokens": accum * micro * T,
+           "mem_gb": torch.cuda.max_memory_allocated() / 1e9, **power}
+    with own_compile, sdpa_kernel(getattr(SDPBackend, SDPA[backend])):
         _, shares = profile_call(one_step, torch.device("cuda"), trace_dir / f"{setup}.json")
     out["attn_share"], out["mm_share"] = shares["time_share_attention"], shares["time_share_matmul"]
     out["kernel_s"] = shares["kernel_time_s"]
@@ -128,6 +140,7 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
     records = [json.loads(line) for line in (Path(out_dir) / run_name / "metrics.jsonl").read_text().splitlines()]
     last = warmup + steps + 1
     times = [r["step_time_s"] for r in records if r.get("step_time_s") and warmup < r["step"] < last]
+    tokens = cfg.train.global_batch_size * cfg.model.seq_len  # per optimizer step (one process)
     shares = next(r for r in records if r["step"] == last and "time_share_attention" in r)
     backend = f"{trainer.engine.model.attention_backend}, mlp {getattr(trainer.engine.model, 'mlp_impl', 'torch')}"
     del trainer
@@ -136,7 +149,7 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
     timed = [r for r in records if warmup < r["step"] < last]
     power = {k: statistics.median(r[k] for r in timed if k in r)
              for k in ("gpu_sm_clock_mhz", "gpu_power_w", "gpu_j_per_token") if any(k in r for r in timed)}
-    return {"step_s": statistics.median(times), "mem_gb": mem, "attention": backend,
+    return {"step_s": statistics.median(times), "tokens": tokens, "mem_gb": mem, "attention": backend,
             "attn_share": shares["time_share_attention"], "mm_share": shares["time_share_matmul"],
             "kernel_s": shares.get("kernel_time_s"), **power}
 
@@ -197,7 +210,7 @@ def main(argv=None) -> int:
         if not args.keep_traces:
             for trace in [*trace_dir.glob("*.json"), *trace_dir.glob("*/profile_step_*.json")]:
                 trace.unlink()
-        tokens = args.accum * row_cfg.model.seq_len  # per optimizer step: accum sequences
+        tokens = r["tokens"]  # per optimizer step, as this setup ran it
         fpt, fpt_causal = row_cfg.model.flops_per_token(), row_cfg.model.flops_per_token(causal_aware=True)
         tok_s = tokens / r["step_s"]
         rows.append((setup, r["attention"], tok_s, fpt * tok_s / 1e12, fpt_causal * tok_s / 1e12, r["mem_gb"],
