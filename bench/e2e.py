@@ -148,7 +148,8 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
     mem = max(r.get("mem_max_alloc_gb") or 0.0 for r in records)  # the trainer resets the peak per log
     timed = [r for r in records if warmup < r["step"] < last]
     power = {k: statistics.median(r[k] for r in timed if k in r)
-             for k in ("gpu_sm_clock_mhz", "gpu_power_w", "gpu_j_per_token") if any(k in r for r in timed)}
+             for k in ("gpu_sm_clock_mhz", "gpu_power_w", "gpu_j_per_token", "gpu_power_capped", "gpu_thermal_capped")
+             if any(k in r for r in timed)}
     return {"step_s": statistics.median(times), "tokens": tokens, "mem_gb": mem, "attention": backend,
             "attn_share": shares["time_share_attention"], "mm_share": shares["time_share_matmul"],
             "kernel_s": shares.get("kernel_time_s"), **power}
@@ -217,6 +218,9 @@ def main(argv=None) -> int:
                      r["attn_share"], r["mm_share"], r))
         print(f"[e2e] {setup}: {tok_s / 1e3:.1f}k tokens/s, {fpt * tok_s / 1e12:.0f} TFLOP/s (paper), "
               f"attention {100 * r['attn_share']:.1f}% of GPU time", flush=True)
+        if "gpu_power_capped" in r:  # our trainer's telemetry: why the SM clock sat below its maximum
+            print(f"[e2e] {setup}: SM clock held down by the power limit in {100 * r['gpu_power_capped']:.0f}% "
+                  f"of busy samples, by thermal limits in {100 * r.get('gpu_thermal_capped', 0):.0f}%", flush=True)
     print(f"\n{args.config}: {cfg.model.num_params() / 1e6:.1f}M params, seq {cfg.model.seq_len}, "
           f"{n_micro} x {micro} micro-batches per step | {torch.cuda.get_device_name()} | torch {torch.__version__}"
           f" | traces {trace_dir} | peak {peak_src} | measured bf16 GEMM ceiling {gemm / 1e12:.0f} TFLOP/s"

@@ -10,6 +10,8 @@ The unit count does not depend on the model's size, so a tiny model on a CPU ans
 
     python bench/saved_activations.py                       # the default partitioner
     python bench/saved_activations.py --budget 0.8          # torch._functorch activation_memory_budget
+    python bench/saved_activations.py --norm-saves-output --recompute-gelu   # model.* memory options
+                                                            # (recompute_gelu: the fused MLP, CUDA only)
 
 --budget < 1 lets the min-cut partitioner recompute more (a runtime estimate of FLOPs decides
 what): see the session-13 notes for what it chose.
@@ -66,9 +68,14 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=1.0,
                     help="torch._functorch.config.activation_memory_budget (1.0: torch's default)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--residual", default="autocast", help="model.residual (the 8k configs: autocast)")
+    ap.add_argument("--norm-saves-output", action="store_true", help="model.norm_saves_output")
+    ap.add_argument("--recompute-gelu", action="store_true", help="model.recompute_gelu (fused MLP: CUDA)")
     args = ap.parse_args()
     cfg = GPTConfig(n_layer=args.n_layer, d_model=args.d_model, n_head=args.n_head, vocab_size=512,
-                    seq_len=args.seq_len, attention="sdpa" if args.device == "cpu" else "auto")
+                    seq_len=args.seq_len, attention="sdpa" if args.device == "cpu" else "auto",
+                    residual=args.residual, norm_saves_output=args.norm_saves_output,
+                    recompute_gelu=args.recompute_gelu)
     torch.manual_seed(0)
     model = GPT(cfg, device=torch.device(args.device)).to(args.device)
     saved = saved_for_backward(model, args.batch, args.budget, args.device)
@@ -77,7 +84,8 @@ def main() -> None:
     tokens = args.batch * cfg.seq_len
     unit = 2 * cfg.d_model * tokens * cfg.n_layer
     print(f"GPT {cfg.n_layer} x d {cfg.d_model}, {tokens} tokens, activation_memory_budget {args.budget}, "
-          f"{args.device}: {total / 1e6:.2f} MB saved for the backward = {total / unit:.2f} d-units per token "
+          f"{args.device}, residual {args.residual}, norm_saves_output {args.norm_saves_output}, "
+          f"recompute_gelu {args.recompute_gelu}: {total / 1e6:.2f} MB saved for the backward = {total / unit:.2f} d-units per token "
           f"per layer ({len(saved)} saved tensors, {len(unique)} storages)")
     by_kind = collections.Counter((s[0], str(s[1]).replace("torch.", "")) for s in unique.values())
     for (shape, dtype), n in sorted(by_kind.items(), key=lambda kv: -kv[1]):

@@ -15,14 +15,20 @@ backward per layer on an H100):
             on an H100 no variant beat cuBLAS's GEMM + this pass at the 2.7B-8k shape
             (bench/dgelu_gemm.py; bench/RESULTS.md, session 19).
 What the backward keeps is the same as the compiled plain MLP's: x, pre and g (g for w2's gradient).
+With recompute_gelu=True it keeps x and pre only (4 d-units per token less, d-units as in
+bench/saved_activations.py), and the backward's GELU pass, which reads pre anyway, writes g again for
+w2's gradient (one more (M, h) write; model.recompute_gelu, for a micro-batch that fits only so). The
+rebuilt g is gelu_tanh(pre) of the rounded pre, where the forward's epilogue rounded gelu_tanh of the
+fp32 product: they differ by about one rounding of g, as a plain MLP recomputing its GELU would.
 Given fp32 gradient buffers (main_grad1 / main_grad2, the fp32 weights' .grad: training/weight_cache.py),
 the backward adds the weight gradients into them inside their GEMMs (kernels/wgrad.py) and returns none
 for w1 / w2.
 
 Ops (torch.library.custom_op, fake kernels for torch.compile, autograd registered):
     flashgpt::gelu_mlp(x (M, d), w1 (h, d), b1 (h)?, w2 (d, h), b2 (d)?, main_grad1 (h, d)?,
-                       main_grad2 (d, h)?) -> (y (M, d), pre, g (M, h))
+                       main_grad2 (d, h)?, save_gelu) -> (y (M, d), pre, g (M, h))
     flashgpt::gelu_backward_bias(dg (M, h), pre (M, h)) -> (dpre (M, h), partial (R, h) fp32)
+    flashgpt::gelu_backward_bias_gelu(dg, pre) -> (dpre, partial, g = gelu_tanh(pre) (M, h))
     flashgpt::dgelu_gemm(dy (M, d), w2 (d, h), pre (M, h), variant) -> (dpre (M, h), db1 (h) fp32)
 The backward's products (dg, dx, dw1, dw2) and b2's gradient are ordinary torch ops, which
 torch.compile traces as it does for the plain MLP.
@@ -88,17 +94,24 @@ def _forward(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Option
 
 def _backward_with(ops, saved, has_b1: bool, has_b2: bool, dy: Tensor):
     """Gradients of (x, w1, b1, w2, b2, main_grad1, main_grad2); `ops` = (gelu_backward_bias,
-    dgelu_gemm, accumulate): the custom ops (traced by torch.compile) or the direct calls (eager). A
-    weight with a main_grad gets None: its gradient went into the buffer."""
-    gelu_backward_bias, dgelu_gemm, accumulate = ops
+    gelu_backward_bias_gelu, dgelu_gemm, accumulate): the custom ops (traced by torch.compile) or the
+    direct calls (eager). g saved as None: rebuilt here from pre. A weight with a main_grad gets None:
+    its gradient went into the buffer."""
+    gelu_backward_bias, gelu_backward_bias_gelu, dgelu_gemm, accumulate = ops
     x, w1, w2, pre, g, main1, main2 = saved
     dy = dy.contiguous()
     variant = dgelu_gemm_variant(dy)
     if variant >= 0:  # one GEMM: dpre = (dy w2) * gelu'(pre), db1 (h) fp32 from its epilogue
         dpre, db1 = dgelu_gemm(dy, w2, pre, variant)
         db1 = db1.to(dpre.dtype) if has_b1 else None
+        if g is None:
+            g = F.gelu(pre, approximate="tanh")
     else:
-        dpre, partial = gelu_backward_bias(dy @ w2, pre)  # (M, d) (d, h) -> (M, h); partial (R, h) fp32
+        dg = dy @ w2  # (M, d) (d, h) -> (M, h)
+        if g is None:  # the same pass writes g = gelu(pre) for w2's gradient below
+            dpre, partial, g = gelu_backward_bias_gelu(dg, pre)
+        else:
+            dpre, partial = gelu_backward_bias(dg, pre)  # partial (R, h) fp32
         db1 = partial.sum(0).to(dpre.dtype) if has_b1 else None
     dx = dpre @ w1                  # (M, h) (h, d) -> (M, d)
     dw1 = _weight_grad(accumulate, dpre, x, main1)  # (h, M) (M, d) -> (h, d)
@@ -117,12 +130,13 @@ def _weight_grad(accumulate, dout: Tensor, inp: Tensor, main_grad: Optional[Tens
 
 @torch.library.custom_op("flashgpt::gelu_mlp", mutates_args=())
 def _gelu_mlp_op(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
-                 main_grad1: Optional[Tensor], main_grad2: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-    return _forward(x, w1, b1, w2, b2)  # the main_grads are for the backward
+                 main_grad1: Optional[Tensor], main_grad2: Optional[Tensor],
+                 save_gelu: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return _forward(x, w1, b1, w2, b2)  # the main_grads and save_gelu are for the backward
 
 
 @_gelu_mlp_op.register_fake
-def _(x, w1, b1, w2, b2, main_grad1, main_grad2):
+def _(x, w1, b1, w2, b2, main_grad1, main_grad2, save_gelu):
     m, h = x.shape[0], w1.shape[0]
     return x.new_empty(m, w2.shape[0]), x.new_empty(m, h), x.new_empty(m, h)
 
@@ -131,6 +145,16 @@ def _(x, w1, b1, w2, b2, main_grad1, main_grad2):
 def _gelu_backward_bias_op(dg: Tensor, pre: Tensor) -> tuple[Tensor, Tensor]:
     dpre, partial = _ext().gelu_backward_bias(dg, pre)
     return dpre, partial
+
+
+@torch.library.custom_op("flashgpt::gelu_backward_bias_gelu", mutates_args=())
+def _gelu_backward_bias_gelu_op(dg: Tensor, pre: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    dpre, partial, g = _ext().gelu_backward_bias(dg, pre, True)
+    return dpre, partial, g
+
+
+def _gelu_backward_bias_gelu_direct(dg: Tensor, pre: Tensor):
+    return tuple(_ext().gelu_backward_bias(dg, pre, True))
 
 
 @torch.library.custom_op("flashgpt::dgelu_gemm", mutates_args=())
@@ -160,18 +184,25 @@ def _(dg, pre):
                                               dtype=torch.float32)
 
 
+@_gelu_backward_bias_gelu_op.register_fake
+def _(dg, pre):
+    return (torch.empty_like(dg), dg.new_empty(_row_groups(dg.shape[0], dg.shape[1]), dg.shape[1],
+                                               dtype=torch.float32), torch.empty_like(pre))
+
+
 def _setup_context(ctx, inputs, output):
-    x, w1, b1, w2, b2, main1, main2 = inputs
+    x, w1, b1, w2, b2, main1, main2, save_gelu = inputs
     _, pre, g = output
-    ctx.save_for_backward(x, w1, w2, pre, g, main1, main2)
+    ctx.save_for_backward(x, w1, w2, pre, g if save_gelu else None, main1, main2)
     ctx.has_b1, ctx.has_b2 = b1 is not None, b2 is not None
     ctx.mark_non_differentiable(pre, g)
 
 
 def _backward(ctx, dy, dpre_out, dg_out):
     # dpre_out / dg_out are None: pre and g are saved intermediates, not differentiable outputs.
-    return _backward_with((_gelu_backward_bias_op, _dgelu_gemm_op, wgrad_accumulate_op), ctx.saved_tensors,
-                          ctx.has_b1, ctx.has_b2, dy)
+    grads = _backward_with((_gelu_backward_bias_op, _gelu_backward_bias_gelu_op, _dgelu_gemm_op, wgrad_accumulate_op),
+                           ctx.saved_tensors, ctx.has_b1, ctx.has_b2, dy)
+    return *grads, None  # save_gelu
 
 
 _gelu_mlp_op.register_autograd(_backward, setup_context=_setup_context)
@@ -182,16 +213,16 @@ class _EagerGeluMLP(torch.autograd.Function):
     op's Python dispatch costs tens of microseconds per call; see kernels/flash_attn.py)."""
 
     @staticmethod
-    def forward(ctx, x, w1, b1, w2, b2, main1, main2):
+    def forward(ctx, x, w1, b1, w2, b2, main1, main2, save_gelu):
         y, pre, g = _forward(x, w1, b1, w2, b2)
-        ctx.save_for_backward(x, w1, w2, pre, g, main1, main2)
+        ctx.save_for_backward(x, w1, w2, pre, g if save_gelu else None, main1, main2)
         ctx.has_b1, ctx.has_b2 = b1 is not None, b2 is not None
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        return _backward_with((_ext().gelu_backward_bias, _dgelu_gemm_direct, wgrad_accumulate), ctx.saved_tensors,
-                              ctx.has_b1, ctx.has_b2, dy)
+        ops = (_ext().gelu_backward_bias, _gelu_backward_bias_gelu_direct, _dgelu_gemm_direct, wgrad_accumulate)
+        return *_backward_with(ops, ctx.saved_tensors, ctx.has_b1, ctx.has_b2, dy), None
 
 
 def _torch_mlp(x, w1, b1, w2, b2, main1, main2) -> Tensor:
@@ -219,16 +250,19 @@ def gelu_mlp_supported(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, 
 
 
 def gelu_mlp(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
-             main_grad1: Optional[Tensor] = None, main_grad2: Optional[Tensor] = None) -> Tensor:
+             main_grad1: Optional[Tensor] = None, main_grad2: Optional[Tensor] = None,
+             recompute_gelu: bool = False) -> Tensor:
     """gelu_tanh(x w1^T + b1) w2^T + b2 for x (..., d), w1 (h, d), w2 (d, h): the fused op on CUDA in
     bf16 / fp16 (autocast's dtype when it is on), the plain torch MLP otherwise. With main_grad1 /
-    main_grad2 (fp32, w1's / w2's shape) the weights' gradients are added into them (kernels/wgrad.py)."""
+    main_grad2 (fp32, w1's / w2's shape) the weights' gradients are added into them (kernels/wgrad.py).
+    recompute_gelu: keep only the GELU's input for the backward, which rebuilds its output (the fused
+    op; the torch fallback keeps what autograd keeps)."""
     if gelu_mlp_supported(x, w1, b1, w2, b2):
         return _torch_mlp(x, w1, b1, w2, b2, main_grad1, main_grad2)
     dtype = compute_dtype(x)
     lead = x.shape[:-1]
     args = [t.to(dtype).contiguous() if t is not None else None
-            for t in (x.reshape(-1, x.shape[-1]), w1, b1, w2, b2)] + [main_grad1, main_grad2]
+            for t in (x.reshape(-1, x.shape[-1]), w1, b1, w2, b2)] + [main_grad1, main_grad2, not recompute_gelu]
     if torch.compiler.is_compiling():
         y = _gelu_mlp_op(*args)[0]
     else:

@@ -31,6 +31,16 @@ class GPTConfig:
     # are added in fp32, as nanoGPT / GPT-NeoX) or autocast (the autocast dtype, as Megatron-LM's
     # default fp32_residual_connection=False: half the bytes in every LayerNorm and residual add).
     residual: str = "fp32"  # fp32 | autocast
+    # Activation memory, for a micro-batch that would not fit otherwise (the training forward keeps ~17
+    # d-units -- d_model bf16 values -- per token and layer; bench/saved_activations.py counts them):
+    # recompute_gelu: the fused MLP keeps the GELU's input only; the backward's GELU pass, which reads
+    # it anyway, writes the output again for the second projection's weight gradient (-4 units; one
+    # more (tokens, 4d) write per layer). Fused MLP only (kernels/gelu_mlp.py).
+    recompute_gelu: bool = False
+    # norm_saves_output: the blocks' LayerNorms keep their (bf16) output, which the next projection
+    # keeps anyway, instead of their input too; the backward recovers x_hat = (y - bias) / weight (-2
+    # units, no extra pass). Needs LayerNorm gains away from zero (model/layernorm.py).
+    norm_saves_output: bool = False
 
     @property
     def head_dim(self) -> int:

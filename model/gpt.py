@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from model.attention import CausalSelfAttention, resolve_backend
 from model.config import GPTConfig
+from model.layernorm import LayerNorm
 from model.loss import fused_linear_cross_entropy
 from model.mlp import MLP, resolve_mlp
 from model.rope import rope_cache
@@ -48,9 +49,9 @@ class LMHead(nn.Linear):
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig, backend: str, mlp_impl: str = "torch"):
         super().__init__()
-        self.ln1 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+        self.ln1 = LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias, saves_output=cfg.norm_saves_output)
         self.attn = CausalSelfAttention(cfg, backend)
-        self.ln2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+        self.ln2 = LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias, saves_output=cfg.norm_saves_output)
         self.mlp = MLP(cfg, mlp_impl)
 
     def forward(self, x, rope=None, cu_seqlens=None, max_seqlen=None):

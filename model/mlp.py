@@ -54,11 +54,12 @@ class MLP(nn.Module):
         self.proj.is_residual_out = True
         self.dropout = nn.Dropout(cfg.dropout)
         self.impl = impl
+        self.recompute_gelu = cfg.recompute_gelu  # fused only: keep the GELU's input, not its output
 
     def forward(self, x):  # (B, T, d) -> (B, T, d)
         if self.impl == "fused":
             from kernels.gelu_mlp import gelu_mlp  # falls back to the torch MLP off CUDA (e.g. a CPU eval)
 
             return self.dropout(gelu_mlp(x, self.fc.weight, self.fc.bias, self.proj.weight, self.proj.bias,
-                                         self.fc.main_grad, self.proj.main_grad))
+                                         self.fc.main_grad, self.proj.main_grad, self.recompute_gelu))
         return self.dropout(self.proj(F.gelu(self.fc(x), approximate="tanh")))

@@ -85,9 +85,11 @@ def test_rejects_what_it_cannot_run(ext):
         ext.dgelu_gemm(dy, w2, pre, 99)
 
 
+@pytest.mark.parametrize("recompute_gelu", [False, True])
 @pytest.mark.parametrize("variant", [-1, 0, 1, 2])
-def test_mlp_backward_each_way(ext, variant):
-    """The whole GELU MLP (eager and compiled) with each variant and with the fused GEMM off."""
+def test_mlp_backward_each_way(ext, variant, recompute_gelu):
+    """The whole GELU MLP (eager and compiled) with each variant and with the fused GEMM off; with the
+    GELU output kept, and rebuilt in the backward (model.recompute_gelu)."""
     import torch.nn.functional as F
 
     if variant >= 0 and variant not in variants(ext):
@@ -115,7 +117,10 @@ def test_mlp_backward_each_way(ext, variant):
         gm.set_dgelu_gemm(variant)
         torch._dynamo.reset()  # the variant is read when the backward is traced
         ref, low = grads(ref_mlp, True), grads(ref_mlp, False)
-        for fn in (gm.gelu_mlp, torch.compile(gm.gelu_mlp, fullgraph=True)):
+        def mlp(*a):
+            return gm.gelu_mlp(*a, recompute_gelu=recompute_gelu)
+
+        for fn in (mlp, torch.compile(mlp, fullgraph=True)):
             ours = grads(fn, False)
             for name, o, r, lo in zip(["y", "dx", "dw1", "db1", "dw2", "db2"], ours, ref, low):
                 err, torch_err = (o - r).abs().max().item(), (lo - r).abs().max().item()

@@ -119,6 +119,63 @@ def test_gelu_backward_bias_kernel(rows, cols, dtype):
     assert torch.allclose(partial.sum(0), col_sums, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows,cols", [(1, 8), (7, 136), (1531, 1032)])
+def test_gelu_backward_bias_kernel_rebuilds_gelu(rows, cols, dtype):
+    """with_gelu: the same dpre and partial sums, and g = gelu_tanh(pre) as torch computes it."""
+    from kernels.build import load_extension
+
+    torch.manual_seed(next(_seed))
+    dg = torch.randn(rows, cols, device="cuda", dtype=dtype)
+    pre = torch.randn(rows, cols, device="cuda", dtype=dtype) * 3
+    ext = load_extension()
+    dpre, partial, g = ext.gelu_backward_bias(dg, pre, True)
+    dpre0, partial0 = ext.gelu_backward_bias(dg, pre)
+    assert torch.equal(dpre, dpre0) and torch.equal(partial, partial0)
+    ref = F.gelu(pre.float(), approximate="tanh")
+    low = F.gelu(pre, approximate="tanh").float()  # torch in the low precision
+    assert g.dtype == dtype and g.shape == pre.shape
+    assert (g.float() - ref).abs().max().item() <= 2 * (low - ref).abs().max().item() + 1e-6
+
+
+@pytest.mark.parametrize("m,d,h", [(77, 128, 512), (1000, 256, 1024), (333, 136, 520)])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_recompute_gelu_matches_fp32_reference(m, d, h, compiled):
+    """recompute_gelu=True (g not kept, rebuilt for w2's gradient): the same tolerance vs fp32."""
+    inputs, dy = make(m, d, h, torch.bfloat16)
+
+    def fn(*a):
+        return gelu_mlp(*a, recompute_gelu=True)
+
+    check_against_reference(torch.compile(fn, fullgraph=True) if compiled else fn, inputs, dy)
+
+
+def test_recompute_gelu_keeps_less_and_adds_into_main_grads():
+    """What the backward keeps drops by g's (M, h); with fp32 gradient buffers the weight gradients
+    land in them as without recompute (to the rounding of g)."""
+    inputs, dy = make(1024, 256, 1024, torch.bfloat16)
+    saved_bytes, grads = {}, {}
+    for recompute in (False, True):
+        x, w1, b1, w2, b2 = [leaf(t, False) for t in inputs]
+        main1, main2 = torch.zeros_like(w1, dtype=torch.float32), torch.zeros_like(w2, dtype=torch.float32)
+        sizes = []
+
+        def pack(t):
+            sizes.append((t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = gelu_mlp(x, w1, b1, w2, b2, main1, main2, recompute_gelu=recompute)
+        y.backward(dy)
+        saved_bytes[recompute] = sum(dict(sizes).values())
+        grads[recompute] = (x.grad.float(), main1, main2, b1.grad.float())
+    m, h = 1024, 1024
+    assert saved_bytes[False] - saved_bytes[True] == m * h * 2  # g: (M, h) bf16
+    for a, b in zip(grads[False], grads[True]):
+        assert torch.isfinite(b).all()
+        assert (a - b).abs().max().item() <= 0.02 * a.abs().max().item()
+
+
 def test_autocast_casts_like_linear():
     """fp32 parameters under bf16 autocast: a bf16 output and fp32 gradients, as with F.linear."""
     inputs, dy = make(300, 128, 512, torch.float32)
@@ -146,7 +203,8 @@ def test_opcheck():
 
     inputs, _ = make(40, 64, 256, torch.bfloat16)
     args = [t.requires_grad_() if t is not None else None for t in inputs]
-    torch.library.opcheck(_gelu_mlp_op, args + [None, None])  # no fp32 gradient buffers
+    torch.library.opcheck(_gelu_mlp_op, args + [None, None, True])  # no fp32 gradient buffers; g saved
+    torch.library.opcheck(_gelu_mlp_op, args + [None, None, False])  # g rebuilt in the backward
 
 
 def test_in_a_cuda_graph():

@@ -2,6 +2,11 @@
 //
 //   dpre[r, c] = dg[r, c] * gelu_tanh'(pre[r, c])                       (M x N, 16-bit)
 //   partial[b, c] = sum of dpre[r, c] over the rows r of row group b    (R x N, fp32)
+//   g[r, c] = gelu_tanh(pre[r, c])                     (M x N, 16-bit; only when g is asked for)
+//
+// g is the forward's GELU output, rebuilt for the second projection's weight gradient when the MLP
+// did not keep it (model.recompute_gelu: 4 of ~17 saved d-units per token and layer less, for one
+// more write of M x N in this pass that reads pre anyway).
 //
 // The caller sums the R partial rows (a few MB; deterministic, no atomics). It replaces two
 // memory-bound kernels torch.compile emits (the GELU backward, then a column sum that reads dpre
@@ -34,29 +39,39 @@ template <typename T2> __device__ __forceinline__ T2 from_float2(float2 v);
 template <> __device__ __forceinline__ __nv_bfloat162 from_float2(float2 v) { return __float22bfloat162_rn(v); }
 template <> __device__ __forceinline__ __half2 from_float2(float2 v) { return __float22half2_rn(v); }
 
-// d/dx of 0.5 x (1 + tanh(k0 (x + k1 x^3))), as PyTorch's tanh-approximation GELU backward.
-// tanh(u) = 1 - 2 / (1 + e^(2u)) through the fast exponential: ~1e-7 absolute error (what a
-// 16-bit output can hold is 2^-9 at best), a handful of instructions instead of tanhf's ~20, which
-// made the kernel issue-bound (441 us for 1.2 GB on an H100).
-__device__ __forceinline__ float gelu_tanh_grad(float x) {
-    constexpr float k0 = 0.7978845608028654f;  // sqrt(2 / pi)
-    constexpr float k1 = 0.044715f;
-    const float x2 = x * x;
-    const float t = 1.f - __fdividef(2.f, 1.f + __expf(2.f * k0 * (x + k1 * x2 * x)));
-    return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * k0 * (1.f + 3.f * k1 * x2);
+// tanh(k0 (x + k1 x^3)) for the tanh-approximation GELU, as 1 - 2 / (1 + e^(2u)) through the fast
+// exponential: ~1e-7 absolute error (what a 16-bit output can hold is 2^-9 at best), a handful of
+// instructions instead of tanhf's ~20, which made the kernel issue-bound (441 us for 1.2 GB on an H100).
+// Saturates cleanly: e^(2u) -> inf gives 1, -> 0 gives -1.
+constexpr float kGeluK0 = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluK1 = 0.044715f;
+__device__ __forceinline__ float gelu_tanh_inner(float x) {
+    return 1.f - __fdividef(2.f, 1.f + __expf(2.f * kGeluK0 * (x + kGeluK1 * x * x * x)));
 }
 
-// One thread's 8 columns of one row: dpre = dg * gelu'(pre), rounded to T2, added to `sum` as stored.
-template <typename T2>
-__device__ __forceinline__ uint4 gelu_backward_8(const uint4 &g, const uint4 &p, float (&sum)[kCols]) {
+// d/dx of 0.5 x (1 + tanh(k0 (x + k1 x^3))), as PyTorch's tanh-approximation GELU backward; t = the tanh.
+__device__ __forceinline__ float gelu_tanh_grad(float x, float t) {
+    return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kGeluK0 * (1.f + 3.f * kGeluK1 * x * x);
+}
+
+// One thread's 8 columns of one row: dpre = dg * gelu'(pre), rounded to T2, added to `sum` as stored;
+// with kGelu also gelu(pre) into `gelu_out`.
+template <typename T2, bool kGelu>
+__device__ __forceinline__ uint4 gelu_backward_8(const uint4 &g, const uint4 &p, float (&sum)[kCols],
+                                                 uint4 &gelu_out) {
     uint4 out;
     const T2 *gv = reinterpret_cast<const T2 *>(&g);
     const T2 *pv = reinterpret_cast<const T2 *>(&p);
     T2 *ov = reinterpret_cast<T2 *>(&out);
+    T2 *yv = reinterpret_cast<T2 *>(&gelu_out);
 #pragma unroll
     for (int j = 0; j < kCols / 2; ++j) {
         const float2 gf = to_float2(gv[j]), pf = to_float2(pv[j]);
-        ov[j] = from_float2<T2>(make_float2(gf.x * gelu_tanh_grad(pf.x), gf.y * gelu_tanh_grad(pf.y)));
+        const float tx = gelu_tanh_inner(pf.x), ty = gelu_tanh_inner(pf.y);
+        ov[j] = from_float2<T2>(make_float2(gf.x * gelu_tanh_grad(pf.x, tx), gf.y * gelu_tanh_grad(pf.y, ty)));
+        if constexpr (kGelu) {
+            yv[j] = from_float2<T2>(make_float2(0.5f * pf.x * (1.f + tx), 0.5f * pf.y * (1.f + ty)));
+        }
         const float2 rounded = to_float2(ov[j]);  // the bias gradient sums what dpre holds
         sum[2 * j] += rounded.x;
         sum[2 * j + 1] += rounded.y;
@@ -64,10 +79,11 @@ __device__ __forceinline__ uint4 gelu_backward_8(const uint4 &g, const uint4 &p,
     return out;
 }
 
-template <typename T2>  // __nv_bfloat162 or __half2
+template <typename T2, bool kGelu>  // T2: __nv_bfloat162 or __half2; kGelu: also write gelu(pre)
 __global__ void __launch_bounds__(kThreads) gelu_backward_bias_kernel(const T2 *__restrict__ dg,
                                                                       const T2 *__restrict__ pre,
                                                                       T2 *__restrict__ dpre,
+                                                                      T2 *__restrict__ gelu,
                                                                       float *__restrict__ partial, int64_t rows,
                                                                       int64_t cols) {
     const int64_t col = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kCols;
@@ -75,6 +91,7 @@ __global__ void __launch_bounds__(kThreads) gelu_backward_bias_kernel(const T2 *
     const int64_t pairs_per_row = cols / 2;  // row stride in T2 units
     const int64_t first = col / 2;
     float sum[kCols] = {};
+    uint4 y;
     int64_t r = blockIdx.y;
     const int64_t step = gridDim.y;
     for (; r + (kUnroll - 1) * step < rows; r += kUnroll * step) {  // kUnroll rows' loads in flight
@@ -87,18 +104,33 @@ __global__ void __launch_bounds__(kThreads) gelu_backward_bias_kernel(const T2 *
         }
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-            *reinterpret_cast<uint4 *>(dpre + (r + u * step) * pairs_per_row + first) =
-                gelu_backward_8<T2>(g[u], p[u], sum);
+            const int64_t at = (r + u * step) * pairs_per_row + first;
+            *reinterpret_cast<uint4 *>(dpre + at) = gelu_backward_8<T2, kGelu>(g[u], p[u], sum, y);
+            if constexpr (kGelu) *reinterpret_cast<uint4 *>(gelu + at) = y;
         }
     }
     for (; r < rows; r += step) {  // the last rows of this group, one at a time
         const int64_t at = r * pairs_per_row + first;
-        *reinterpret_cast<uint4 *>(dpre + at) = gelu_backward_8<T2>(
-            *reinterpret_cast<const uint4 *>(dg + at), *reinterpret_cast<const uint4 *>(pre + at), sum);
+        *reinterpret_cast<uint4 *>(dpre + at) = gelu_backward_8<T2, kGelu>(
+            *reinterpret_cast<const uint4 *>(dg + at), *reinterpret_cast<const uint4 *>(pre + at), sum, y);
+        if constexpr (kGelu) *reinterpret_cast<uint4 *>(gelu + at) = y;
     }
     float4 *dst = reinterpret_cast<float4 *>(partial + blockIdx.y * cols + col);
     dst[0] = make_float4(sum[0], sum[1], sum[2], sum[3]);
     dst[1] = make_float4(sum[4], sum[5], sum[6], sum[7]);
+}
+
+template <typename T2>
+void launch(dim3 grid, cudaStream_t stream, const void *dg, const void *pre, void *dpre, void *gelu, float *partial,
+            int64_t rows, int64_t cols) {
+    const T2 *dg2 = static_cast<const T2 *>(dg), *pre2 = static_cast<const T2 *>(pre);
+    T2 *dpre2 = static_cast<T2 *>(dpre), *gelu2 = static_cast<T2 *>(gelu);
+    if (gelu != nullptr) {
+        gelu_backward_bias_kernel<T2, true><<<grid, kThreads, 0, stream>>>(dg2, pre2, dpre2, gelu2, partial, rows, cols);
+    } else {
+        gelu_backward_bias_kernel<T2, false><<<grid, kThreads, 0, stream>>>(dg2, pre2, dpre2, nullptr, partial, rows,
+                                                                             cols);
+    }
 }
 
 }  // namespace
@@ -110,18 +142,14 @@ int gelu_backward_row_groups(int64_t rows, int64_t cols) {
     return static_cast<int>(groups < 1 ? 1 : groups);
 }
 
-cudaError_t gelu_backward_bias(bool bf16, const void *dg, const void *pre, void *dpre, float *partial, int64_t rows,
-                               int64_t cols, int row_groups, cudaStream_t stream) {
+cudaError_t gelu_backward_bias(bool bf16, const void *dg, const void *pre, void *dpre, void *gelu, float *partial,
+                               int64_t rows, int64_t cols, int row_groups, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>((cols + kThreads * kCols - 1) / (kThreads * kCols)),
                     static_cast<unsigned>(row_groups));
     if (bf16) {
-        gelu_backward_bias_kernel<__nv_bfloat162><<<grid, kThreads, 0, stream>>>(
-            static_cast<const __nv_bfloat162 *>(dg), static_cast<const __nv_bfloat162 *>(pre),
-            static_cast<__nv_bfloat162 *>(dpre), partial, rows, cols);
+        launch<__nv_bfloat162>(grid, stream, dg, pre, dpre, gelu, partial, rows, cols);
     } else {
-        gelu_backward_bias_kernel<__half2><<<grid, kThreads, 0, stream>>>(
-            static_cast<const __half2 *>(dg), static_cast<const __half2 *>(pre), static_cast<__half2 *>(dpre),
-            partial, rows, cols);
+        launch<__half2>(grid, stream, dg, pre, dpre, gelu, partial, rows, cols);
     }
     return cudaGetLastError();
 }

@@ -13,8 +13,9 @@ namespace flashgpt {
 int gelu_backward_row_groups(int64_t rows, int64_t cols);
 
 // dpre = dg * gelu_tanh'(pre) (rows x cols, bf16 if `bf16` else fp16, row-major, cols % 8 == 0,
-// 16-byte aligned) and partial (row_groups x cols, fp32) = dpre's column sums per row group.
-cudaError_t gelu_backward_bias(bool bf16, const void *dg, const void *pre, void *dpre, float *partial, int64_t rows,
-                               int64_t cols, int row_groups, cudaStream_t stream);
+// 16-byte aligned) and partial (row_groups x cols, fp32) = dpre's column sums per row group; when
+// `gelu` is not null, also gelu_tanh(pre) into it (the forward's GELU output, rebuilt).
+cudaError_t gelu_backward_bias(bool bf16, const void *dg, const void *pre, void *dpre, void *gelu, float *partial,
+                               int64_t rows, int64_t cols, int row_groups, cudaStream_t stream);
 
 }  // namespace flashgpt

@@ -3,9 +3,10 @@
 //
 //   linear_gelu(x (M, K), w1 (N, K), b1 (N)?) -> [g, pre], both (M, N):
 //       pre = x w1^T + b1, g = gelu_tanh(pre)   (one GEMM; the GELU and the bias in its epilogue)
-//   gelu_backward_bias(dg (M, N), pre (M, N)) -> [dpre (M, N), partial (R, N) fp32]:
+//   gelu_backward_bias(dg (M, N), pre (M, N), with_gelu) -> [dpre (M, N), partial (R, N) fp32, g?]:
 //       dpre = dg * gelu_tanh'(pre); partial's column sums are b1's gradient (not cuBLASLt: its
-//       DGELU / BGRAD epilogues ran as separate, slower kernels on an H100, kernels/NOTES.md)
+//       DGELU / BGRAD epilogues ran as separate, slower kernels on an H100, kernels/NOTES.md);
+//       with_gelu: also g = gelu_tanh(pre) (M, N), the forward's output rebuilt in the same pass
 //   dgelu_gemm(dy (M, d), w2 (d, h), pre (M, h), variant) -> [dpre (M, h), db1 (h) fp32]:
 //       dpre = (dy w2) * gelu_tanh'(pre) and db1 = dpre's column sums, in one CUTLASS GEMM whose
 //       epilogue does both (dgelu_gemm.h; bf16, Hopper); dgelu_gemm_variants() = 0 when not built.
@@ -70,8 +71,8 @@ std::vector<at::Tensor> linear_gelu(const at::Tensor &x, const at::Tensor &w1, c
 }
 
 // dpre = dg * gelu_tanh'(pre) and the row-group partial sums of dpre's columns (fp32; the caller
-// sums them: b1's gradient), in one memory pass (gelu_backward.cu).
-std::vector<at::Tensor> gelu_backward_bias(const at::Tensor &dg, const at::Tensor &pre) {
+// sums them: b1's gradient), in one memory pass (gelu_backward.cu); with_gelu: gelu_tanh(pre) too.
+std::vector<at::Tensor> gelu_backward_bias(const at::Tensor &dg, const at::Tensor &pre, bool with_gelu) {
     check_matrix(dg, "dg", dg);
     check_matrix(pre, "pre", dg);
     TORCH_CHECK(dg.sizes() == pre.sizes(), "flashgpt.gelu_mlp: dg is ", dims(dg.sizes()), " but pre ", dims(pre.sizes()));
@@ -83,15 +84,18 @@ std::vector<at::Tensor> gelu_backward_bias(const at::Tensor &dg, const at::Tenso
     auto dpre = at::empty_like(dg);
     const int groups = flashgpt::gelu_backward_row_groups(rows, cols);
     auto partial = at::empty({groups, cols}, dg.options().dtype(at::kFloat));
+    std::vector<at::Tensor> out{dpre, partial};
+    if (with_gelu) out.push_back(at::empty_like(pre));
     if (rows == 0) {
         partial.zero_();
-        return {dpre, partial};
+        return out;
     }
     const cudaError_t err = flashgpt::gelu_backward_bias(
-        dg.scalar_type() == at::kBFloat16, dg.data_ptr(), pre.data_ptr(), dpre.data_ptr(), partial.data_ptr<float>(),
-        rows, cols, groups, at::cuda::getCurrentCUDAStream().stream());
+        dg.scalar_type() == at::kBFloat16, dg.data_ptr(), pre.data_ptr(), dpre.data_ptr(),
+        with_gelu ? out[2].data_ptr() : nullptr, partial.data_ptr<float>(), rows, cols, groups,
+        at::cuda::getCurrentCUDAStream().stream());
     TORCH_CHECK(err == cudaSuccess, "flashgpt.gelu_mlp: gelu_backward_bias launch failed: ", cudaGetErrorString(err));
-    return {dpre, partial};
+    return out;
 }
 
 // dpre = (dy w2) * gelu_tanh'(pre) and b1's gradient (fp32) from one GEMM (dgelu_gemm.h).
@@ -128,7 +132,8 @@ std::vector<at::Tensor> dgelu_gemm(const at::Tensor &dy, const at::Tensor &w2, c
 void register_gelu_mlp(pybind11::module_ &m) {
     m.def("linear_gelu", &linear_gelu, "[gelu_tanh(x w1^T + b1), x w1^T + b1] in one cuBLASLt GEMM");
     m.def("gelu_backward_bias", &gelu_backward_bias,
-          "[dg * gelu_tanh'(pre), row-group partial column sums of it (fp32)] in one pass");
+          "[dg * gelu_tanh'(pre), row-group partial column sums of it (fp32), gelu_tanh(pre) if with_gelu] in one pass",
+          pybind11::arg("dg"), pybind11::arg("pre"), pybind11::arg("with_gelu") = false);
     m.def("dgelu_gemm", &dgelu_gemm, "[(dy w2) * gelu_tanh'(pre), its column sums (fp32)] in one CUTLASS GEMM");
     m.def("dgelu_gemm_variants", &flashgpt::dgelu_gemm_variants, "how many dgelu_gemm variants are built (0: none)");
     m.def("dgelu_gemm_variant_name", [](int64_t v) { return std::string(flashgpt::dgelu_gemm_variant_name(static_cast<int>(v))); },
