@@ -235,16 +235,21 @@ def test_read_only_folder_raises_clearly(tmp_path):
 
 
 def test_resume_check_compares_the_model_not_its_implementation(tmp_path):
-    """Resuming needs the same weights and function: model.attention / mlp / fused_loss / residual
-    may change between runs, and a key a checkpoint predates counts as its default."""
+    """Resuming needs the same weights and function: model.attention / mlp / fused_loss / residual /
+    recompute_gelu / norm_saves_output may change between runs, and a key a checkpoint predates counts
+    as its default."""
     cfg = load_config("tiny_cpu.yaml")
     saved = {"model": to_dict(cfg)["model"]}
     check_compatible(saved, cfg, tmp_path)
     for key, value in [("attention", "reference"), ("mlp", "fused"), ("fused_loss", "false"),
-                       ("residual", "autocast")]:
+                       ("residual", "autocast"), ("recompute_gelu", "true"), ("norm_saves_output", "true")]:
         check_compatible(saved, load_config("tiny_cpu.yaml", [f"model.{key}={value}"]), tmp_path)
     older = {"model": {k: v for k, v in saved["model"].items() if k not in ("residual", "norm_eps")}}
     check_compatible(older, cfg, tmp_path)  # saved before those keys existed, at their defaults
+    before_options = {"model": {k: v for k, v in saved["model"].items()
+                                if k not in ("recompute_gelu", "norm_saves_output")}}
+    check_compatible(before_options, load_config(  # a run from before session 23, resumed with them on
+        "tiny_cpu.yaml", ["model.recompute_gelu=true", "model.norm_saves_output=true"]), tmp_path)
     with pytest.raises(CheckpointError, match=r"n_layer.*\(4, 3\)"):
         check_compatible(saved, load_config("tiny_cpu.yaml", ["model.n_layer=3"]), tmp_path)
     with pytest.raises(CheckpointError, match="norm_eps"):
