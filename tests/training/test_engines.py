@@ -79,6 +79,18 @@ def test_compiled_model_trains_the_same_curve(tmp_path, cache_dir, straight, eng
         assert curve[step] == pytest.approx(loss, rel=1e-4), (engine, step)
 
 
+def test_memory_options_under_zero3_train_the_same_curve(tmp_path, cache_dir, straight):
+    """model.norm_saves_output (an autograd.Function holding the LayerNorm gain for its backward) and
+    model.recompute_gelu under ZeRO-3, whose parameters are gathered only around their module's use:
+    the curve without them, to fp32 rounding."""
+    run(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=m", "model.norm_saves_output=true",
+        "model.recompute_gelu=true", *ENGINES["zero3"], nproc=2)
+    curve, plain = losses(tmp_path / "m"), straight("zero3")
+    assert sorted(curve) == sorted(plain)
+    for step, loss in plain.items():
+        assert curve[step] == pytest.approx(loss, rel=1e-5), step
+
+
 @pytest.mark.parametrize("engine", ["fsdp", "zero3"])
 def test_engine_resume_is_bit_identical(tmp_path, cache_dir, straight, engine):
     run(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=stopped", "train.stop_after=3",
