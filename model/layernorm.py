@@ -29,14 +29,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-def _out_dtype(x: torch.Tensor) -> torch.dtype:
-    kind = x.device.type
-    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
-
-
-def _as(t: Optional[torch.Tensor], dtype: Optional[torch.dtype]) -> Optional[torch.Tensor]:
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """t in dtype, cast only where it differs (see forward)."""
-    return t if t is None or t.dtype == dtype else t.to(dtype)
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 class _OutputSavingLayerNorm(torch.autograd.Function):
@@ -64,9 +59,9 @@ class _OutputSavingLayerNorm(torch.autograd.Function):
         g = dyf * w
         dx = rstd * (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True))
         lead = tuple(range(dy.dim() - 1))
-        dweight, dbias = (dyf * x_hat).sum(lead), dyf.sum(lead) if bias is not None else None
-        return _as(dx, ctx.x_dtype), _as(dweight, weight.dtype), _as(dbias, bias.dtype if bias is not None else None), \
-            None, None
+        dweight = _as((dyf * x_hat).sum(lead), weight.dtype)
+        dbias = _as(dyf.sum(lead), bias.dtype) if bias is not None else None
+        return _as(dx, ctx.x_dtype), dweight, dbias, None, None
 
 
 class LayerNorm(nn.LayerNorm):
@@ -79,5 +74,7 @@ class LayerNorm(nn.LayerNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.saves_output and torch.is_grad_enabled():
-            return _OutputSavingLayerNorm.apply(x, self.weight, self.bias, self.eps, _out_dtype(x))
+            from kernels.wgrad import compute_dtype  # torch-only: autocast's dtype, else x's
+
+            return _OutputSavingLayerNorm.apply(x, self.weight, self.bias, self.eps, compute_dtype(x))
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
