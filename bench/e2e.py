@@ -43,16 +43,18 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.power_trace import PowerTrace, format_summary, summarize  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 from training.compile_options import prepare_compile  # noqa: E402
 from training.config import load_config  # noqa: E402
-from training.gpu_telemetry import GpuTelemetry  # noqa: E402
+from training.gpu_telemetry import GpuTelemetry, NvmlDevice  # noqa: E402
 from training.inductor_barrier import install as install_inductor_barrier  # noqa: E402
 from training.metrics import measure_gemm_ceiling, peak_flops  # noqa: E402
 from training.profiling import profile_call  # noqa: E402
@@ -97,10 +99,14 @@ def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, micro
     torch.cuda.reset_peak_memory_stats()
     telemetry = GpuTelemetry.open(torch.device("cuda"))
     power = {}
+    window = [None, None]  # time.time() when the timed steps start and end (for --power-trace)
     with own_compile, sdpa_kernel(getattr(SDPBackend, SDPA[backend])):
         for i in range(warmup + steps):
-            if i == warmup and telemetry is not None:
-                telemetry.mark()
+            if i == warmup:
+                torch.cuda.synchronize()
+                window[0] = time.time()
+                if telemetry is not None:
+                    telemetry.mark()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             one_step()
@@ -108,10 +114,11 @@ def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, micro
             end.synchronize()
             if i >= warmup:
                 times.append(start.elapsed_time(end) / 1e3)
+    window[1] = time.time()
     if telemetry is not None:
         power = telemetry.mark(tokens=steps * accum * micro * T)
         telemetry.close()
-    out = {"step_s": statistics.median(times), "tokens": accum * micro * T,
+    out = {"step_s": statistics.median(times), "tokens": accum * micro * T, "window": tuple(window),
            "mem_gb": torch.cuda.max_memory_allocated() / 1e9, **power}
     with own_compile, sdpa_kernel(getattr(SDPBackend, SDPA[backend])):
         _, shares = profile_call(one_step, torch.device("cuda"), trace_dir / f"{setup}.json")
@@ -150,7 +157,12 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
     power = {k: statistics.median(r[k] for r in timed if k in r)
              for k in ("gpu_sm_clock_mhz", "gpu_power_w", "gpu_j_per_token", "gpu_power_capped", "gpu_thermal_capped")
              if any(k in r for r in timed)}
-    return {"step_s": statistics.median(times), "tokens": tokens, "mem_gb": mem, "attention": backend,
+    # A step's record is written once its values have reached the host, which is at the next step's
+    # per-step sync (training/metrics.py DeferredScalars): record k's time ~ the end of step k + 1.
+    step_s = statistics.median(times)
+    at = {r["step"]: r.get("time") for r in records}
+    window = tuple(None if at.get(k) is None else at[k] - step_s for k in (warmup, last - 1))
+    return {"step_s": step_s, "tokens": tokens, "mem_gb": mem, "attention": backend, "window": window,
             "attn_share": shares["time_share_attention"], "mm_share": shares["time_share_matmul"],
             "kernel_s": shares.get("kernel_time_s"), **power}
 
@@ -170,6 +182,9 @@ def main(argv=None) -> int:
                    help="keep the Chrome traces (large); the top-kernel lists are always kept")
     p.add_argument("--sustain-s", type=float, default=5.0,
                    help="seconds of GEMMs before timing the power-capped GEMM ceiling")
+    p.add_argument("--power-trace", type=Path, default=None,
+                   help="folder: sample SM clock, limit reasons and instantaneous power every 5 ms during each "
+                        "setup (bench/power_trace.py), print a summary of its timed steps, keep the CSVs")
     p.add_argument("overrides", nargs="*", help="config overrides (key=value): model.* ones set every setup's shapes "
                    "(plain ones too) and the FLOP count; the rest our trainer's")
     args = p.parse_args(argv)
@@ -192,6 +207,7 @@ def main(argv=None) -> int:
     rows = []
     for setup in args.setups.split(","):
         name, *setup_overrides = setup.split(":")
+        trace = PowerTrace(NvmlDevice(torch.device("cuda"))) if args.power_trace else None
         row_cfg = load_config(args.config, [*args.overrides, *setup_overrides])  # this row's model shapes
         if setup.startswith("ours"):
             parts = set(name.split("_")[1:])
@@ -207,6 +223,14 @@ def main(argv=None) -> int:
             r = plain_step_times(row_cfg, name, args.steps, args.warmup, n_micro, micro,
                                  trace_dir)
             r["attention"] = f"sdpa {name.split('_')[1]}"
+        if trace is not None:
+            trace.stop()
+            args.power_trace.mkdir(parents=True, exist_ok=True)
+            trace.write_csv(args.power_trace / f"run{len(rows)}_{name}.csv")
+            w0, w1 = r.get("window", (None, None))
+            if w0 is not None and w1 is not None:  # the timed steps only (not compile, warm-up, profiling)
+                print("[e2e] " + format_summary(setup, summarize(trace.samples, trace.at(w0), trace.at(w1))),
+                      flush=True)
         torch.cuda.empty_cache()
         if not args.keep_traces:
             for trace in [*trace_dir.glob("*.json"), *trace_dir.glob("*/profile_step_*.json")]:

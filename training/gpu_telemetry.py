@@ -30,6 +30,18 @@ REASON_HW_POWER_BRAKE = 0x80
 _POWER_LIMITED = REASON_SW_POWER_CAP | REASON_HW_POWER_BRAKE | REASON_HW_SLOWDOWN
 _THERMAL_LIMITED = REASON_SW_THERMAL | REASON_HW_THERMAL
 NVML_CLOCK_SM = 1
+NVML_FI_DEV_POWER_INSTANT = 186  # nvml.h field id: board power now, mW (the driver refreshes it every few ms)
+
+
+class _NvmlValue(ctypes.Union):  # nvmlValue_t
+    _fields_ = [("dVal", ctypes.c_double), ("uiVal", ctypes.c_uint), ("ulVal", ctypes.c_ulong),
+                ("ullVal", ctypes.c_ulonglong), ("sllVal", ctypes.c_longlong), ("siVal", ctypes.c_int)]
+
+
+class _NvmlFieldValue(ctypes.Structure):  # nvmlFieldValue_t
+    _fields_ = [("fieldId", ctypes.c_uint), ("scopeId", ctypes.c_uint), ("timestamp", ctypes.c_longlong),
+                ("latencyUsec", ctypes.c_longlong), ("valueType", ctypes.c_int), ("nvmlReturn", ctypes.c_int),
+                ("value", _NvmlValue)]
 
 
 class NvmlDevice:
@@ -68,6 +80,14 @@ class NvmlDevice:
         v = ctypes.c_ulonglong()
         self._check(self._reasons(self.handle, ctypes.byref(v)), "clock reasons")
         return v.value
+
+    def power_instant_w(self) -> float:
+        """Board power right now, watts (not the driver's 1 s average); NaN where the field is missing."""
+        fv = _NvmlFieldValue(fieldId=NVML_FI_DEV_POWER_INSTANT)
+        rc = self.lib.nvmlDeviceGetFieldValues(self.handle, 1, ctypes.byref(fv))
+        if rc != 0 or fv.nvmlReturn != 0:
+            return float("nan")
+        return fv.value.uiVal / 1e3
 
 
 class GpuTelemetry:
