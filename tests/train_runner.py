@@ -46,11 +46,11 @@ def run(out_dir, cache_dir, *overrides, nproc=1, timeout=600):
     return check(proc, cmd)
 
 
-def losses(run_dir: Path) -> dict:
-    """{step: loss} from a run's metrics.jsonl."""
+def losses(run_dir: Path, key: str = "loss") -> dict:
+    """{step: loss} (or another logged metric, e.g. "grad_norm") from a run's metrics.jsonl."""
     out = {}
     for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
-        if "loss" in rec:
-            out[rec["step"]] = rec["loss"]
+        if key in rec:
+            out[rec["step"]] = rec[key]
     return out

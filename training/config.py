@@ -62,13 +62,18 @@ class EngineConfig:
     overlap_comm: bool = True  # DeepSpeed ZeRO: overlap gradient reduction with the backward pass
     bucket_mb: int = 200  # DeepSpeed ZeRO / DDP: gradient bucket size, MB
     backend: str = "auto"  # process-group backend: auto (nccl on CUDA, gloo on CPU) | nccl | gloo
-    # torch engine, one process, autocast: cast the matmul weights to bf16 once per optimizer step, not
-    # once per micro-batch (training/weight_cache.py) | disabled
+    # torch engine with autocast, one process or engine.grad_sync=after_backward: cast the matmul weights
+    # to bf16 once per optimizer step, not once per micro-batch (training/weight_cache.py) | disabled
     weight_cache: str = "auto"
     # with the weight cache: the weight-gradient GEMMs add their fp32 result straight into the fp32
     # .grad (kernels/wgrad.py) instead of writing a bf16 gradient for a second kernel to add | auto (on
     # CUDA where our extension loads) | enabled (also on CPU, slowly: for tests) | disabled
     wgrad_fp32: str = "auto"
+    # torch engine on several ranks (engine.parallel=ddp): how gradients are averaged | ddp (torch DDP,
+    # reduced during the backward; no weight cache) | after_backward (summed after the last micro-batch:
+    # the weight cache and fp32 weight gradients stay on; training/grad_allreduce.py) | auto
+    # (after_backward on one node when the weight cache applies, else ddp)
+    grad_sync: str = "auto"
 
 
 @dataclass
@@ -230,6 +235,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     _choice(cfg.engine.backend, ("auto", "nccl", "gloo"), "engine.backend")
     _choice(cfg.engine.weight_cache, ("auto", "disabled"), "engine.weight_cache")
     _choice(cfg.engine.wgrad_fp32, ("auto", "enabled", "disabled"), "engine.wgrad_fp32")
+    _choice(cfg.engine.grad_sync, ("auto", "ddp", "after_backward"), "engine.grad_sync")
     _choice(cfg.engine.ds_optimizer, ("ours", "deepspeed"), "engine.ds_optimizer")
     if cfg.engine.bucket_mb <= 0:
         raise ConfigError(f"engine.bucket_mb={cfg.engine.bucket_mb} must be positive")

@@ -8,6 +8,7 @@ whether plain torch (single process / DDP) or DeepSpeed runs underneath.
 from __future__ import annotations
 
 import contextlib
+import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Dict
@@ -17,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from training.config import Config, grad_accum_steps
 from training.distributed import DistInfo
+from training.grad_allreduce import all_reduce_grads, broadcast_from_rank0
 from training.compile_options import prepare_compile
 from training.optim import WarmupCosine, build_optimizer, clip_scale, clips_in_step
 from training.weight_cache import WeightCache
@@ -74,9 +76,28 @@ def weight_cache_choice(cfg: Config, dist: DistInfo, amp_dtype) -> tuple:
         return False, "engine.weight_cache=disabled"
     if amp_dtype is None:
         return False, "no autocast (fp32 run): nothing to cast"
-    if dist.enabled:  # DDP reduces the gradients of the module's own parameters; copies would bypass it
-        return False, "DDP: gradients are reduced from the fp32 parameters"
+    if dist.enabled and grad_sync_choice(cfg, dist, amp_dtype)[0] == "ddp":
+        # DDP's hooks sit on the parameters' AccumulateGrad, which the cache's copies bypass
+        return False, "engine.grad_sync=ddp: DDP reduces the gradients from the fp32 parameters' own hooks"
     return True, f"matmul weights cast to {str(amp_dtype).split('.')[-1]} once per optimizer step"
+
+
+def grad_sync_choice(cfg: Config, dist: DistInfo, amp_dtype) -> tuple:
+    """(how the replicated torch engine reduces gradients over ranks, why): "ddp" (torch DDP, overlapped
+    with the backward) or "after_backward" (training/grad_allreduce.py: after the last micro-batch, which
+    lets the weight cache and the fp32 weight-gradient GEMMs run). auto: after_backward when the cache
+    applies and all ranks are on one node; DDP across nodes, whose slower links need the overlap."""
+    choice = cfg.engine.grad_sync
+    if choice != "auto":
+        return choice, f"engine.grad_sync={choice}"
+    if cfg.engine.weight_cache == "disabled" or amp_dtype is None:
+        return "ddp", "auto: no weight cache to keep (fp32 run, or engine.weight_cache=disabled)"
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", -1)))
+    if local != dist.world_size:
+        return "ddp", (f"auto: {dist.world_size} ranks over several nodes (or a launcher that does not say"
+                       f" LOCAL_WORLD_SIZE): DDP overlaps the slower all-reduce with the backward")
+    return "after_backward", (f"auto: one node of {dist.world_size} ranks: gradients summed after the last "
+                              f"micro-batch, so the weight cache and fp32 weight-gradient GEMMs stay on")
 
 
 def wgrad_fp32_choice(cfg: Config, device: torch.device) -> tuple:
@@ -118,9 +139,12 @@ class TorchEngine(Engine):
         if cfg.train.compile:
             wrapped = torch.compile(wrapped, options=options)
             self.compiled = True
-        if dist.enabled:
+        self.grad_sync = grad_sync_choice(cfg, dist, self.amp_dtype)[0] if dist.enabled else None
+        if self.grad_sync == "ddp":
             ids = [self.device.index] if self.device.type == "cuda" else None
             wrapped = DDP(wrapped, device_ids=ids, bucket_cap_mb=cfg.engine.bucket_mb)
+        elif self.grad_sync == "after_backward":
+            broadcast_from_rank0(self.model)  # the replicas start equal, as DDP makes them
         self.wrapped = wrapped
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         use_cache, _ = weight_cache_choice(cfg, dist, self.amp_dtype)
@@ -133,14 +157,18 @@ class TorchEngine(Engine):
     def forward_backward(self, batch, sync: bool) -> torch.Tensor:
         """One micro-batch. `sync=False` skips DDP's gradient all-reduce (all but the last
         micro-batch of an accumulation)."""
-        no_sync = self.dist.enabled and not sync
+        no_sync = self.grad_sync == "ddp" and not sync
+        # after_backward sums the ranks' gradients: each rank's share of the mean is 1 / world_size
+        scale = self.accum * (self.dist.world_size if self.grad_sync == "after_backward" else 1)
         with (self.wrapped.no_sync() if no_sync else contextlib.nullcontext()):
             with self.autocast():
                 if self.weight_cache is not None:
                     loss = self.cached_forward(self.weight_cache.tensors(), *self._inputs(batch))
                 else:
                     loss = self.wrapped(*self._inputs(batch))
-            (loss / self.accum).backward()
+            (loss / scale).backward()
+        if sync and self.grad_sync == "after_backward":
+            all_reduce_grads(self.params)
         return loss.detach()
 
     def grad_norm(self) -> torch.Tensor:

@@ -284,11 +284,13 @@ class Trainer:
     def _due(self, interval: int) -> bool:
         return interval > 0 and self.step % interval == 0
 
-    def _weight_cache_banner(self) -> str:
+    def _engine_banner(self) -> str:
+        sync = {"ddp": " | DDP", "after_backward": " | gradients summed after the backward"}.get(
+            getattr(self.engine, "grad_sync", None), "")
         cache = getattr(self.engine, "weight_cache", None)
         if cache is None:
-            return ""
-        return " | weight cache" + (" + fp32 weight gradients" if cache.accumulated else "")
+            return sync
+        return sync + " | weight cache" + (" + fp32 weight gradients" if cache.accumulated else "")
 
     def _banner(self, resumed: Optional[Path], peak_src: str) -> str:
         c = self.cfg
@@ -296,7 +298,7 @@ class Trainer:
                 f"seq {c.model.seq_len} | {c.model.num_params() / 1e6:.2f}M params | attention "
                 f"{self.engine.model.attention_backend} | MLP {getattr(self.engine.model, 'mlp_impl', 'torch')}"
                 f"{' | torch.compile' if self.engine.compiled else ''}"
-                f"{self._weight_cache_banner()} | "
+                f"{self._engine_banner()} | "
                 f"{self.dist.world_size} rank(s) on "
                 f"{self.dist.device if self.dist.world_size == 1 else self.dist.device.type + ' (a device per rank)'}"
                 f" | micro-batch {c.train.micro_batch_size} x accum {self.accum} = "

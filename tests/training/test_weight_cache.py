@@ -141,8 +141,8 @@ def test_when_the_cache_is_used():
     on = small_cfg()
     assert weight_cache_choice(on, DistInfo(), torch.bfloat16)[0]
     assert not weight_cache_choice(on, DistInfo(), None)[0]  # fp32: nothing to cast
-    ddp = DistInfo(world_size=2)
-    use, why = weight_cache_choice(on, ddp, torch.bfloat16)
+    ddp = DistInfo(world_size=2)  # under DDP: test_grad_allreduce.py covers engine.grad_sync's choices
+    use, why = weight_cache_choice(small_cfg("engine.grad_sync=ddp"), ddp, torch.bfloat16)
     assert not use and "DDP" in why
     assert not weight_cache_choice(small_cfg("engine.weight_cache=disabled"), DistInfo(), torch.bfloat16)[0]
     with pytest.raises(ConfigError, match="engine.weight_cache"):
