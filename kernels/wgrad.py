@@ -22,7 +22,7 @@ extension) torch's fp32 addmm, so the same path runs (slowly) everywhere.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -44,9 +44,27 @@ def reference_accumulate(dy: Tensor, x: Tensor, main_grad: Tensor) -> None:
     main_grad.addmm_(dy.t().to(main_grad.dtype), x.to(main_grad.dtype))
 
 
+_written_hook: Optional[Callable[[Tensor], None]] = None  # see set_written_hook
+
+
+def set_written_hook(hook: Optional[Callable[[Tensor], None]]) -> None:
+    """Call hook(main_grad) after each accumulation has been queued (None: no call). The trainer's
+    engine.grad_sync=during_backward uses it to start a gradient's all-reduce while the rest of the
+    backward runs (training/grad_allreduce.py); it is called at run time also inside compiled graphs,
+    which call this op as an opaque kernel."""
+    global _written_hook
+    _written_hook = hook
+
+
 def accumulate(dy: Tensor, x: Tensor, main_grad: Tensor) -> None:
     """main_grad (N, K) fp32 += dy (M, N)^T x (M, K), in place; the binding on CUDA (16-bit inputs,
     row lengths multiples of 8), torch's fp32 addmm otherwise."""
+    _accumulate(dy, x, main_grad)
+    if _written_hook is not None:
+        _written_hook(main_grad)
+
+
+def _accumulate(dy: Tensor, x: Tensor, main_grad: Tensor) -> None:
     # Every check is made here, before the binding, with torch's names for the problem; the
     # binding's own C++ checks are a last line (csrc/check_text.h: they raise, not crash, since session 17).
     if main_grad.dtype != torch.float32:

@@ -72,7 +72,9 @@ class EngineConfig:
     # torch engine on several ranks (engine.parallel=ddp): how gradients are averaged | ddp (torch DDP,
     # reduced during the backward; no weight cache) | after_backward (summed after the last micro-batch:
     # the weight cache and fp32 weight gradients stay on; training/grad_allreduce.py) | auto
-    # (after_backward on one node when the weight cache applies, else ddp)
+    # (after_backward on one node when the weight cache applies, else ddp) | during_backward (as
+    # after_backward, but each fp32 weight gradient's all-reduce starts as soon as its GEMM wrote it in
+    # the last micro-batch; opt-in until measured on GPUs)
     grad_sync: str = "auto"
 
 
@@ -235,7 +237,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     _choice(cfg.engine.backend, ("auto", "nccl", "gloo"), "engine.backend")
     _choice(cfg.engine.weight_cache, ("auto", "disabled"), "engine.weight_cache")
     _choice(cfg.engine.wgrad_fp32, ("auto", "enabled", "disabled"), "engine.wgrad_fp32")
-    _choice(cfg.engine.grad_sync, ("auto", "ddp", "after_backward"), "engine.grad_sync")
+    _choice(cfg.engine.grad_sync, ("auto", "ddp", "after_backward", "during_backward"), "engine.grad_sync")
     _choice(cfg.engine.ds_optimizer, ("ours", "deepspeed"), "engine.ds_optimizer")
     if cfg.engine.bucket_mb <= 0:
         raise ConfigError(f"engine.bucket_mb={cfg.engine.bucket_mb} must be positive")

@@ -7,7 +7,9 @@ whether plain torch (single process / DDP) or DeepSpeed runs underneath.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import logging
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -18,10 +20,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from training.config import Config, grad_accum_steps
 from training.distributed import DistInfo
-from training.grad_allreduce import all_reduce_grads, broadcast_from_rank0
+from training.grad_allreduce import ReduceAsWritten, all_reduce_grads, broadcast_from_rank0
 from training.compile_options import prepare_compile
 from training.optim import WarmupCosine, build_optimizer, clip_scale, clips_in_step
 from training.weight_cache import WeightCache
+
+log = logging.getLogger(__name__)
 
 
 def autocast_dtype(cfg: Config, device: torch.device):
@@ -88,7 +92,7 @@ def grad_sync_choice(cfg: Config, dist: DistInfo, amp_dtype) -> tuple:
     lets the weight cache and the fp32 weight-gradient GEMMs run). auto: after_backward when the cache
     applies and all ranks are on one node; DDP across nodes, whose slower links need the overlap."""
     choice = cfg.engine.grad_sync
-    if choice != "auto":
+    if choice != "auto":  # during_backward: opt-in until measured on GPUs (bench/RESULTS.md session 24)
         return choice, f"engine.grad_sync={choice}"
     if cfg.engine.weight_cache == "disabled" or amp_dtype is None:
         return "ddp", "auto: no weight cache to keep (fp32 run, or engine.weight_cache=disabled)"
@@ -122,10 +126,13 @@ def functional_forward(model: torch.nn.Module):
 
 
 class TorchEngine(Engine):
-    """Plain PyTorch: one process, or DDP across the torchrun ranks (gloo on CPU, nccl on GPU)."""
+    """Plain PyTorch: one process, or replicas across the torchrun ranks (gloo on CPU, nccl on GPU) whose
+    gradients DDP reduces during the backward or `all_reduce_grads` after it (engine.grad_sync)."""
 
     _clips_in_step = None  # whether clipping rides in the fused optimizer step (set on the first step)
-    weight_cache = None  # WeightCache when in use (one process, autocast): see training/weight_cache.py
+    weight_cache = None  # WeightCache when in use (autocast; one process or after_backward): training/weight_cache.py
+    grad_sync = None  # with several ranks: "ddp", "after_backward" or "during_backward" (grad_sync_choice)
+    _told_early = False
 
     def __init__(self, model: torch.nn.Module, cfg: Config, dist: DistInfo):
         self.cfg, self.dist, self.device = cfg, dist, dist.device
@@ -143,7 +150,7 @@ class TorchEngine(Engine):
         if self.grad_sync == "ddp":
             ids = [self.device.index] if self.device.type == "cuda" else None
             wrapped = DDP(wrapped, device_ids=ids, bucket_cap_mb=cfg.engine.bucket_mb)
-        elif self.grad_sync == "after_backward":
+        elif self.grad_sync is not None:
             broadcast_from_rank0(self.model)  # the replicas start equal, as DDP makes them
         self.wrapped = wrapped
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -153,21 +160,35 @@ class TorchEngine(Engine):
             self.weight_cache = WeightCache(self.model, self.amp_dtype, fp32_wgrad)
             run = functional_forward(self.model)
             self.cached_forward = torch.compile(run, options=options) if cfg.train.compile else run
+        self.reducer = None  # during_backward: the weights whose fp32 gradient a GEMM writes, once each
+        if self.grad_sync == "during_backward":
+            written = [m for _, m in self.weight_cache.accumulated] if self.weight_cache is not None else []
+            times = collections.Counter(id(m) for m in written)  # the tied weight has two writers: not early
+            self.reducer = ReduceAsWritten(m for m in written if times[id(m)] == 1)
 
     def forward_backward(self, batch, sync: bool) -> torch.Tensor:
         """One micro-batch. `sync=False` skips DDP's gradient all-reduce (all but the last
         micro-batch of an accumulation)."""
         no_sync = self.grad_sync == "ddp" and not sync
-        # after_backward sums the ranks' gradients: each rank's share of the mean is 1 / world_size
-        scale = self.accum * (self.dist.world_size if self.grad_sync == "after_backward" else 1)
+        summed = self.grad_sync in ("after_backward", "during_backward")
+        # the ranks' gradients are summed: each rank's share of the mean is 1 / world_size
+        scale = self.accum * (self.dist.world_size if summed else 1)
+        early = self.reducer is not None and sync
         with (self.wrapped.no_sync() if no_sync else contextlib.nullcontext()):
             with self.autocast():
                 if self.weight_cache is not None:
                     loss = self.cached_forward(self.weight_cache.tensors(), *self._inputs(batch))
                 else:
                     loss = self.wrapped(*self._inputs(batch))
-            (loss / scale).backward()
-        if sync and self.grad_sync == "after_backward":
+            with (self.reducer.armed() if early else contextlib.nullcontext()):
+                (loss / scale).backward()
+        if early:
+            n = self.reducer.finish(self.params)
+            if not self._told_early:  # once: how much of the reduction overlapped the backward
+                self._told_early = True
+                log.info(f"engine.grad_sync=during_backward: {n} of {len(self.params)} gradients (the "
+                         f"weight-gradient GEMMs' fp32 ones) all-reduced during the backward, the rest after")
+        elif sync and summed:
             all_reduce_grads(self.params)
         return loss.detach()
 

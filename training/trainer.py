@@ -285,7 +285,8 @@ class Trainer:
         return interval > 0 and self.step % interval == 0
 
     def _engine_banner(self) -> str:
-        sync = {"ddp": " | DDP", "after_backward": " | gradients summed after the backward"}.get(
+        sync = {"ddp": " | DDP", "after_backward": " | gradients summed after the backward",
+                "during_backward": " | gradients summed as the last backward writes them"}.get(
             getattr(self.engine, "grad_sync", None), "")
         cache = getattr(self.engine, "weight_cache", None)
         if cache is None:

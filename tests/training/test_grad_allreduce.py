@@ -67,6 +67,7 @@ def test_grad_sync_choice(monkeypatch):
     sync, why = grad_sync_choice(_cfg(), two, torch.bfloat16)
     assert sync == "ddp" and "nodes" in why
     assert grad_sync_choice(_cfg("engine.grad_sync=after_backward"), two, torch.bfloat16)[0] == "after_backward"
+    assert grad_sync_choice(_cfg("engine.grad_sync=during_backward"), two, torch.bfloat16)[0] == "during_backward"
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert grad_sync_choice(_cfg(), two, torch.bfloat16)[0] == "ddp"  # launcher did not say: assume nodes
     with pytest.raises(Exception, match="engine.grad_sync"):
@@ -120,3 +121,17 @@ def test_after_backward_resume_is_bit_identical(tmp_path, cache_dir, after_backw
     run(tmp_path, cache_dir, *common, "train.stop_after=3", nproc=2)
     run(tmp_path, cache_dir, *common, nproc=2)
     assert losses(tmp_path / "r") == after_backward[0]
+
+
+def test_during_backward_sums_the_same_gradients_while_the_backward_runs(tmp_path, cache_dir, after_backward):
+    """Each fp32 weight gradient's all-reduce starts as its GEMM writes it in the last micro-batch (2 layers
+    x 4 weights here); two ranks' sums do not depend on when they run: the same losses and grad norms
+    as after_backward, bit for bit."""
+    proc = run(tmp_path, cache_dir, *BF16, "train.run_name=db", "engine.wgrad_fp32=enabled",
+               "engine.grad_sync=during_backward", nproc=2)
+    log = proc.stdout + proc.stderr
+    assert "gradients summed as the last backward writes them" in log
+    assert "during_backward: 8 of " in log  # qkv, proj, fc1, fc2 of both blocks went early
+    curve, _, norms = after_backward
+    assert losses(tmp_path / "db") == curve
+    assert losses(tmp_path / "db", "grad_norm") == norms
