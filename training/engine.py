@@ -89,8 +89,9 @@ def weight_cache_choice(cfg: Config, dist: DistInfo, amp_dtype) -> tuple:
 def grad_sync_choice(cfg: Config, dist: DistInfo, amp_dtype) -> tuple:
     """(how the replicated torch engine reduces gradients over ranks, why): "ddp" (torch DDP, overlapped
     with the backward) or "after_backward" (training/grad_allreduce.py: after the last micro-batch, which
-    lets the weight cache and the fp32 weight-gradient GEMMs run). auto: after_backward when the cache
-    applies and all ranks are on one node; DDP across nodes, whose slower links need the overlap."""
+    lets the weight cache and the fp32 weight-gradient GEMMs run), or "during_backward" (the same, each
+    fp32 weight gradient's all-reduce started as its GEMM writes it; opt-in). auto: after_backward when
+    the cache applies and all ranks are on one node; DDP across nodes, whose slower links need the overlap."""
     choice = cfg.engine.grad_sync
     if choice != "auto":  # during_backward: opt-in until measured on GPUs (bench/RESULTS.md session 24)
         return choice, f"engine.grad_sync={choice}"
