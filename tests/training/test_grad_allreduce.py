@@ -135,3 +135,13 @@ def test_during_backward_sums_the_same_gradients_while_the_backward_runs(tmp_pat
     curve, _, norms = after_backward
     assert losses(tmp_path / "db") == curve
     assert losses(tmp_path / "db", "grad_norm") == norms
+
+
+def test_during_backward_reduces_early_inside_compiled_graphs(tmp_path, cache_dir, after_backward):
+    """Under train.compile the weight-gradient op runs inside the compiled backward: its hook still starts
+    the all-reduces there, and the curve is the eager one to bf16 / fusion rounding."""
+    proc = run(tmp_path, cache_dir, *BF16, "train.run_name=dbc", "engine.wgrad_fp32=enabled",
+               "engine.grad_sync=during_backward", "train.compile=true", nproc=2)
+    log = proc.stdout + proc.stderr
+    assert "| torch.compile |" in log and "during_backward: 8 of " in log
+    _same_curves(losses(tmp_path / "dbc"), after_backward[0], rel=1e-4)
