@@ -207,7 +207,7 @@ def main(argv=None) -> int:
     rows = []
     for setup in args.setups.split(","):
         name, *setup_overrides = setup.split(":")
-        trace = PowerTrace(NvmlDevice(torch.device("cuda"))) if args.power_trace else None
+        sampler = PowerTrace(NvmlDevice(torch.device("cuda"))) if args.power_trace else None
         row_cfg = load_config(args.config, [*args.overrides, *setup_overrides])  # this row's model shapes
         if setup.startswith("ours"):
             parts = set(name.split("_")[1:])
@@ -223,13 +223,13 @@ def main(argv=None) -> int:
             r = plain_step_times(row_cfg, name, args.steps, args.warmup, n_micro, micro,
                                  trace_dir)
             r["attention"] = f"sdpa {name.split('_')[1]}"
-        if trace is not None:
-            trace.stop()
+        if sampler is not None:
+            sampler.stop()
             args.power_trace.mkdir(parents=True, exist_ok=True)
-            trace.write_csv(args.power_trace / f"run{len(rows)}_{name}.csv")
+            sampler.write_csv(args.power_trace / f"run{len(rows)}_{name}.csv")
             w0, w1 = r.get("window", (None, None))
             if w0 is not None and w1 is not None:  # the timed steps only (not compile, warm-up, profiling)
-                print("[e2e] " + format_summary(setup, summarize(trace.samples, trace.at(w0), trace.at(w1))),
+                print("[e2e] " + format_summary(setup, summarize(sampler.samples, sampler.at(w0), sampler.at(w1))),
                       flush=True)
         torch.cuda.empty_cache()
         if not args.keep_traces:

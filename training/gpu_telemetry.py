@@ -30,7 +30,7 @@ REASON_HW_POWER_BRAKE = 0x80
 _POWER_LIMITED = REASON_SW_POWER_CAP | REASON_HW_POWER_BRAKE | REASON_HW_SLOWDOWN
 _THERMAL_LIMITED = REASON_SW_THERMAL | REASON_HW_THERMAL
 NVML_CLOCK_SM = 1
-NVML_FI_DEV_POWER_INSTANT = 186  # nvml.h field id: board power now, mW (the driver refreshes it every few ms)
+NVML_FI_DEV_POWER_INSTANT = 186  # nvml.h field id: board power now, mW (on the lent H100 it changes ~every 100 ms)
 
 
 class _NvmlValue(ctypes.Union):  # nvmlValue_t
