@@ -6,7 +6,7 @@
 #   NGPU=2 STEPS=6 bash bench/multi_gpu.sh [out_dir]
 #   CONFIG=gpt_2.7b_8k.yaml ENGINES="ddp zero2" GPUS="1 2" RESUME=0 bash bench/multi_gpu.sh /tmp/mg27
 # ENGINES: ddp (engine.parallel=ddp, its grad_sync auto), ddp_hooks (engine.grad_sync=ddp: torch DDP),
-# ddp_during (engine.grad_sync=during_backward),
+# ddp_during (engine.grad_sync=during_backward), ddp_after (engine.grad_sync=after_backward),
 # fsdp (FSDP2), zero0..zero3 (DeepSpeed). GPUS: the GPU counts to run each engine on.
 # COMPILE: train.compile for every run (default false, see below). EXTRA: more config overrides for
 # every run (e.g. EXTRA="model.attention=sdpa" to compare with the rows measured before session 5,
@@ -29,12 +29,13 @@ python3 -m data.prepare --config $CONFIG data.cache_dir=$OUT/cache >/dev/null 2>
 
 engine_args() {  # engine name -> config overrides
   case $1 in
-    ddp) echo "" ;;  # engine.grad_sync=auto: on one node with bf16, gradients summed after the backward
+    ddp) echo "" ;;  # engine.grad_sync=auto: on one node with bf16, during_backward
+    ddp_after) echo "engine.grad_sync=after_backward" ;;  # summed after the whole backward
     ddp_hooks) echo "engine.grad_sync=ddp" ;;  # torch DDP's overlapped reduction (no weight cache)
     ddp_during) echo "engine.grad_sync=during_backward" ;;  # each fp32 weight gradient reduced as written
     fsdp) echo "engine.parallel=fsdp" ;;
     zero[0-3]) echo "engine.type=deepspeed engine.zero_stage=${1#zero}" ;;
-    *) echo "unknown engine $1 (ddp, ddp_hooks, ddp_during, fsdp, zero0..zero3)" >&2; return 1 ;;
+    *) echo "unknown engine $1 (ddp, ddp_hooks, ddp_during, ddp_after, fsdp, zero0..zero3)" >&2; return 1 ;;
   esac
 }
 go() {  # engine nproc [CUDA_VISIBLE_DEVICES]

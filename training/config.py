@@ -62,7 +62,7 @@ class EngineConfig:
     overlap_comm: bool = True  # DeepSpeed ZeRO: overlap gradient reduction with the backward pass
     bucket_mb: int = 200  # DeepSpeed ZeRO / DDP: gradient bucket size, MB
     backend: str = "auto"  # process-group backend: auto (nccl on CUDA, gloo on CPU) | nccl | gloo
-    # torch engine with autocast, one process or engine.grad_sync=after_backward: cast the matmul weights
+    # torch engine with autocast, one process or engine.grad_sync=after/during_backward: cast the matmul weights
     # to bf16 once per optimizer step, not once per micro-batch (training/weight_cache.py) | disabled
     weight_cache: str = "auto"
     # with the weight cache: the weight-gradient GEMMs add their fp32 result straight into the fp32
@@ -71,10 +71,10 @@ class EngineConfig:
     wgrad_fp32: str = "auto"
     # torch engine on several ranks (engine.parallel=ddp): how gradients are averaged | ddp (torch DDP,
     # reduced during the backward; no weight cache) | after_backward (summed after the last micro-batch:
-    # the weight cache and fp32 weight gradients stay on; training/grad_allreduce.py) | auto
-    # (after_backward on one node when the weight cache applies, else ddp) | during_backward (as
-    # after_backward, but each fp32 weight gradient's all-reduce starts as soon as its GEMM wrote it in
-    # the last micro-batch; opt-in until measured on GPUs)
+    # the weight cache and fp32 weight gradients stay on; training/grad_allreduce.py) | during_backward
+    # (as after_backward, but each fp32 weight gradient's all-reduce starts as soon as its GEMM wrote it
+    # in the last micro-batch: +0.9% per GPU on 2 H100s, bench/RESULTS.md session 25) | auto
+    # (during_backward on one node when the weight cache applies, else ddp)
     grad_sync: str = "auto"
 
 

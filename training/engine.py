@@ -90,10 +90,12 @@ def grad_sync_choice(cfg: Config, dist: DistInfo, amp_dtype) -> tuple:
     """(how the replicated torch engine reduces gradients over ranks, why): "ddp" (torch DDP, overlapped
     with the backward) or "after_backward" (training/grad_allreduce.py: after the last micro-batch, which
     lets the weight cache and the fp32 weight-gradient GEMMs run), or "during_backward" (the same, each
-    fp32 weight gradient's all-reduce started as its GEMM writes it; opt-in). auto: after_backward when
-    the cache applies and all ranks are on one node; DDP across nodes, whose slower links need the overlap."""
+    fp32 weight gradient's all-reduce started as its GEMM writes it in the last micro-batch). auto:
+    during_backward when the cache applies and all ranks are on one node (2 H100s, 1.3B-8k: 672 vs 666
+    TFLOP/s per GPU after the backward, bench/RESULTS.md session 25); DDP across nodes, whose slower
+    links need DDP's bucketed overlap."""
     choice = cfg.engine.grad_sync
-    if choice != "auto":  # during_backward: opt-in until measured on GPUs (bench/RESULTS.md session 24)
+    if choice != "auto":
         return choice, f"engine.grad_sync={choice}"
     if cfg.engine.weight_cache == "disabled" or amp_dtype is None:
         return "ddp", "auto: no weight cache to keep (fp32 run, or engine.weight_cache=disabled)"
@@ -101,8 +103,9 @@ def grad_sync_choice(cfg: Config, dist: DistInfo, amp_dtype) -> tuple:
     if local != dist.world_size:
         return "ddp", (f"auto: {dist.world_size} ranks over several nodes (or a launcher that does not say"
                        f" LOCAL_WORLD_SIZE): DDP overlaps the slower all-reduce with the backward")
-    return "after_backward", (f"auto: one node of {dist.world_size} ranks: gradients summed after the last "
-                              f"micro-batch, so the weight cache and fp32 weight-gradient GEMMs stay on")
+    return "during_backward", (f"auto: one node of {dist.world_size} ranks: each fp32 weight gradient summed "
+                               f"as the last micro-batch's backward writes it, so the weight cache and fp32 "
+                               f"weight-gradient GEMMs stay on")
 
 
 def wgrad_fp32_choice(cfg: Config, device: torch.device) -> tuple:

@@ -56,7 +56,7 @@ def _cfg(*overrides):
 def test_grad_sync_choice(monkeypatch):
     two = DistInfo(world_size=2)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert grad_sync_choice(_cfg(), two, torch.bfloat16)[0] == "after_backward"  # one node, bf16
+    assert grad_sync_choice(_cfg(), two, torch.bfloat16)[0] == "during_backward"  # one node, bf16
     assert weight_cache_choice(_cfg(), two, torch.bfloat16)[0]
     assert grad_sync_choice(_cfg(), two, None)[0] == "ddp"  # fp32: no cache to keep
     assert grad_sync_choice(_cfg("engine.weight_cache=disabled"), two, torch.bfloat16)[0] == "ddp"
@@ -86,7 +86,8 @@ def cache_dir(tmp_path_factory):
 def after_backward(tmp_path_factory, cache_dir):
     """The 2-rank bf16 run with the weight cache and fp32 weight-gradient accumulation, and its output."""
     out = tmp_path_factory.mktemp("ab")
-    proc = run(out, cache_dir, *BF16, "train.run_name=ab", "engine.wgrad_fp32=enabled", nproc=2)
+    proc = run(out, cache_dir, *BF16, "train.run_name=ab", "engine.wgrad_fp32=enabled",
+               "engine.grad_sync=after_backward", nproc=2)
     return losses(out / "ab"), proc.stdout + proc.stderr, losses(out / "ab", "grad_norm")
 
 
@@ -97,8 +98,8 @@ def _same_curves(got: dict, want: dict, rel: float) -> None:
 
 
 def test_two_ranks_keep_the_weight_cache_and_train_the_one_process_curve(tmp_path, cache_dir, after_backward):
-    """auto picks after_backward under a one-node torchrun; the curve is the one-process run's (same
-    global batch, twice the accumulation there) to bf16 rounding of the summation order."""
+    """after_backward under a one-node torchrun: the curve is the one-process run's (same global batch,
+    twice the accumulation there) to bf16 rounding of the summation order."""
     curve, log, norms = after_backward
     assert "gradients summed after the backward" in log and "weight cache + fp32 weight gradients" in log
     run(tmp_path, cache_dir, *BF16, "train.run_name=one", "engine.wgrad_fp32=enabled")
@@ -124,11 +125,10 @@ def test_after_backward_resume_is_bit_identical(tmp_path, cache_dir, after_backw
 
 
 def test_during_backward_sums_the_same_gradients_while_the_backward_runs(tmp_path, cache_dir, after_backward):
-    """Each fp32 weight gradient's all-reduce starts as its GEMM writes it in the last micro-batch (2 layers
-    x 4 weights here); two ranks' sums do not depend on when they run: the same losses and grad norms
-    as after_backward, bit for bit."""
-    proc = run(tmp_path, cache_dir, *BF16, "train.run_name=db", "engine.wgrad_fp32=enabled",
-               "engine.grad_sync=during_backward", nproc=2)
+    """auto under a one-node torchrun: each fp32 weight gradient's all-reduce starts as its GEMM writes it
+    in the last micro-batch (2 layers x 4 weights here); two ranks' sums do not depend on when they run:
+    the same losses and grad norms as after_backward, bit for bit."""
+    proc = run(tmp_path, cache_dir, *BF16, "train.run_name=db", "engine.wgrad_fp32=enabled", nproc=2)
     log = proc.stdout + proc.stderr
     assert "gradients summed as the last backward writes them" in log
     assert "during_backward: 8 of " in log  # qkv, proj, fc1, fc2 of both blocks went early
