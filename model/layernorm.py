@@ -16,9 +16,10 @@ same). The gradients are then the usual ones, with g = dy * weight:
 gain is at or near zero, where y holds nothing about x -- the reason it is opt-in.
 
 The output has autocast's dtype when autocast is on (the projections after it would cast to that
-anyway; keeping the cast once is what saves the memory), else x's. Written in torch ops, which
-torch.compile fuses into its own kernels -- not inductor's LayerNorm lowering: at 1.3B-8k micro-batch 4
-the step ran ~0.6% slower with it (bench/RESULTS.md session 23), the price of the memory.
+anyway; keeping the cast once is what saves the memory), else x's. Both directions call aten's
+LayerNorm ops (the backward on x - mean rebuilt from y, with a zero mean), so torch.compile lowers them
+as it lowers nn.LayerNorm; written out in torch ops instead, the step ran ~0.6% slower (1.3B-8k,
+bench/RESULTS.md sessions 23 and 25).
 """
 from __future__ import annotations
 
@@ -35,15 +36,20 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class _OutputSavingLayerNorm(torch.autograd.Function):
+    """Both directions are aten's own LayerNorm ops, so TorchInductor lowers them as it lowers
+    nn.LayerNorm's (its row kernels, and in the backward the row and column reductions fused): the
+    same math written out in torch ops compiled into different kernels, which cost 0.5 points of a
+    1.3B-8k step's GPU time (bench/RESULTS.md session 25)."""
+
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float,
                 out_dtype: torch.dtype):
-        xf = x.float()  # (..., d)
-        var, mean = torch.var_mean(xf, dim=-1, keepdim=True, correction=0)  # (..., 1) each
-        rstd = torch.rsqrt(var + eps)
-        y = (xf - mean) * rstd * weight.float()
-        if bias is not None:
-            y = y + bias.float()
+        d = x.shape[-1]
+        # aten's CUDA kernel wants x in the parameters' dtype: a bf16 residual stream is read as fp32 (as
+        # nn.LayerNorm under autocast does; compiled, the cast fuses into the row kernel)
+        xin = x if x.dtype == weight.dtype else x.to(weight.dtype)
+        with torch.autocast(x.device.type, enabled=False):
+            y, _, rstd = torch.ops.aten.native_layer_norm(xin, [d], weight, bias, eps)  # rstd (..., 1) fp32
         if y.dtype != out_dtype:  # (a no-op .to() here made torch 2.11's compiled backward return zeros)
             y = y.to(out_dtype)
         ctx.save_for_backward(y, weight, bias, rstd)
@@ -54,14 +60,14 @@ class _OutputSavingLayerNorm(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor):
         y, weight, bias, rstd = ctx.saved_tensors
         w = weight.float()
-        x_hat = (y.float() - bias.float()) / w if bias is not None else y.float() / w
-        dyf = dy.float()
-        g = dyf * w
-        dx = rstd * (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True))
-        lead = tuple(range(dy.dim() - 1))
-        dweight = _as((dyf * x_hat).sum(lead), weight.dtype)
-        dbias = _as(dyf.sum(lead), bias.dtype) if bias is not None else None
-        return _as(dx, ctx.x_dtype), dweight, dbias, None, None
+        # x - mean(x), from the output: (y - bias) / weight is x_hat = (x - mean) * rstd
+        centered = ((y.float() - bias.float()) if bias is not None else y.float()) / (w * rstd)
+        with torch.autocast(dy.device.type, enabled=False):  # fp32 throughout, as the forward's math
+            dx, dweight, dbias = torch.ops.aten.native_layer_norm_backward(
+                dy.float(), centered, [y.shape[-1]], torch.zeros_like(rstd), rstd, w,
+                bias.float() if bias is not None else None, [True, True, bias is not None])
+        return (_as(dx, ctx.x_dtype), _as(dweight, weight.dtype),
+                _as(dbias, bias.dtype) if bias is not None else None, None, None)
 
 
 class LayerNorm(nn.LayerNorm):

@@ -65,7 +65,7 @@ def time_shares(events, device_type: str) -> Dict[str, float]:
     return shares
 
 
-def top_kernels(events, device_type: str, n: int = 30) -> str:
+def top_kernels(events, device_type: str, n: int = 60) -> str:
     """The n costliest kernels (CUDA) or operators (CPU) by self time, one per line:
     share of the step's total, class, calls, name (cut to 120 characters)."""
     rows = sorted(_timed(events, device_type), reverse=True)

@@ -64,10 +64,13 @@ def test_binding_adds_the_product_into_fp32(m, n, k, dtype):
     assert_close_to_fp64(main, ref, exact, f"{m}x{n}x{k}")
 
 
-def test_a_new_shape_is_added_once():
-    """A problem's first call times cuBLASLt's candidates on scratch, not on the buffer: the buffer
-    gets the product once, not once per timed candidate."""
-    m, n, k = 777, 1000, 328  # a shape no other test uses
+@pytest.mark.parametrize("timing", ["1", "0"])
+def test_a_new_shape_is_added_once(monkeypatch, timing):
+    """A problem's first call with FLASHGPT_LT_AUTOTUNE=1 times cuBLASLt's candidates on scratch, not
+    on the buffer: the buffer gets the product once, not once per timed candidate (and once without
+    timing, the default)."""
+    monkeypatch.setenv("FLASHGPT_LT_AUTOTUNE", timing)  # read at each problem's first call
+    m, n, k = (777 if timing == "1" else 779), 1000, 328  # shapes no other test uses
     main = fresh(n, k, dtype=torch.float32)
     start = main.clone()
     dy, x = fresh(m, n), fresh(m, k)

@@ -61,13 +61,12 @@ constexpr int kTimedReps = 3;
 std::mutex g_mutex;
 std::map<Key, cublasLtMatmulAlgo_t> g_algos;
 
-// FLASHGPT_LT_AUTOTUNE=0 keeps the heuristic's first pick (no timing, no synchronisation).
-bool autotune_enabled() {
-    const char *v = std::getenv("FLASHGPT_LT_AUTOTUNE");
-    return !(v && std::string(v) == "0");
-}
-
 }  // namespace
+
+bool timing_enabled() {
+    const char *v = std::getenv("FLASHGPT_LT_AUTOTUNE");
+    return v && std::string(v) == "1";
+}
 
 bool has_algorithm(const Matmul &mm, size_t workspace_bytes) {
     const Key key = key_of(mm, workspace_bytes);
@@ -134,15 +133,18 @@ std::string run(cublasLtHandle_t handle, const Matmul &mm, void *workspace, size
                    std::to_string(mm.n) + ", k " + std::to_string(mm.k) + ", epilogue " +
                    std::to_string((int)mm.epilogue) + ")";
         }
-        // The heuristic's first pick is not always the fastest with an epilogue (on an H100 its
-        // DGELU_BGRAD pick ran the epilogue as a second kernel): time each candidate once, on the
-        // real buffers (the call below overwrites what they write; an accumulating call writes its
-        // scratch instead), and keep the fastest.
+        // With FLASHGPT_LT_AUTOTUNE=1: time each candidate once, on the real buffers (the call below
+        // overwrites what they write; an accumulating call writes its scratch instead), and keep the
+        // fastest. (Once the default, for cuBLASLt's DGELU_BGRAD epilogue, whose first pick ran the
+        // epilogue as a second kernel on an H100; no longer used.) Off by default: timed cold, at
+        // full clock, the pick varied from run to run, and at 1.3B-8k one such pick cost 0.6% of the
+        // step, while held at the board's power limit the heuristic's first pick was the best or
+        // within 1.5% of it for every problem run here (bench/RESULTS.md session 25).
         int pick = 0;
         cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
         cudaStreamIsCapturing(stream, &capture);  // no timing (it synchronises) inside a CUDA graph capture
         void *timed_d = mm.accumulate_fp32 ? mm.scratch : mm.d;
-        if (found > 1 && timed_d && autotune_enabled() && capture == cudaStreamCaptureStatusNone) {
+        if (found > 1 && timed_d && timing_enabled() && capture == cudaStreamCaptureStatusNone) {
             cudaEvent_t start, stop;
             cudaEventCreate(&start);
             cudaEventCreate(&stop);
