@@ -18,8 +18,9 @@ gain is at or near zero, where y holds nothing about x -- the reason it is opt-i
 The output has autocast's dtype when autocast is on (the projections after it would cast to that
 anyway; keeping the cast once is what saves the memory), else x's. Both directions call aten's
 LayerNorm ops (the backward on x - mean rebuilt from y, with a zero mean), so torch.compile lowers them
-as it lowers nn.LayerNorm; written out in torch ops instead, the step ran ~0.6% slower (1.3B-8k,
-bench/RESULTS.md sessions 23 and 25).
+as it lowers nn.LayerNorm (written out in torch ops they compiled into other kernels: 0.5 points more
+GPU time at 1.3B-8k; the step's 0.6% loss with the option was a cuBLASLt pick, bench/RESULTS.md
+session 25).
 """
 from __future__ import annotations
 
