@@ -28,15 +28,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kernels.build import load_extension  # noqa: E402
+from sustained_attention import run_turn  # noqa: E402
 from training.gpu_telemetry import GpuTelemetry  # noqa: E402
 
 SHAPES = {  # name: (tokens per micro-batch, d_model, MLP hidden)
@@ -47,23 +48,12 @@ SHAPES = {  # name: (tokens per micro-batch, d_model, MLP hidden)
 
 
 def turn(fn, seconds: float, telemetry) -> dict:
-    """Calls of fn() for `seconds`; median GPU time over the second half; clock / power / energy."""
-    events = []
-    if telemetry is not None:
-        telemetry.mark()
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:  # the host blocks on a full launch queue: no sync needed
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        events.append((s, e))
-    torch.cuda.synchronize()
-    out = {"ms": statistics.median(s.elapsed_time(e) for s, e in events[len(events) // 2:]), "calls": len(events)}
-    if telemetry is not None:
-        m = telemetry.mark(tokens=len(events))  # "per token" = per call here
-        out.update(mhz=m.get("gpu_sm_clock_mhz"), w=m.get("gpu_power_w"), j=m.get("gpu_j_per_token"))
-    return out
+    """Calls of fn() for `seconds` (bench/sustained_attention.py's loop): median GPU time over the
+    second half, SM clock, board power and joules per call."""
+    out = run_turn(fn, None, seconds, telemetry)
+    energy = out.get("gpu_energy_j")
+    return {"ms": out["ms"], "mhz": out.get("gpu_sm_clock_mhz"), "w": out.get("gpu_power_w"),
+            "j": energy / out["calls"] if energy is not None else None}
 
 
 def candidates(ext, x, w1, b1) -> dict:
