@@ -134,7 +134,7 @@ class TorchEngine(Engine):
     gradients DDP reduces during the backward or `all_reduce_grads` after it (engine.grad_sync)."""
 
     _clips_in_step = None  # whether clipping rides in the fused optimizer step (set on the first step)
-    weight_cache = None  # WeightCache when in use (autocast; one process or after_backward): training/weight_cache.py
+    weight_cache = None  # WeightCache when in use (autocast; one process or after/during_backward): training/weight_cache.py
     grad_sync = None  # with several ranks: "ddp", "after_backward" or "during_backward" (grad_sync_choice)
     _told_early = False
 
