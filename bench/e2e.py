@@ -23,6 +23,8 @@ A setup may carry trainer overrides after colons, for an A/B in one run:
   ours_compile:engine.weight_cache=disabled   ours_compile:model.mlp=torch
 or for our trainer at another micro-batch than the plain setups (tokens per step and tokens/s are each
 setup's own): ours_compile:train.micro_batch_size=3:train.global_batch_size=9
+An override env.NAME=VALUE sets an environment variable for that setup only (a kernel choice read
+when the step is traced, e.g. ours_compile:env.FLASHGPT_BIAS_GRAD=torch).
 --micro-batch B runs every setup with B sequences per forward and accum / B micro-batches per
 optimizer step (the same tokens per step).
 Plain steps feed random tokens already on the GPU and time with CUDA events (median of steps after
@@ -40,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -207,6 +210,12 @@ def main(argv=None) -> int:
     rows = []
     for setup in args.setups.split(","):
         name, *setup_overrides = setup.split(":")
+        env = dict(o[len("env."):].split("=", 1) for o in setup_overrides if o.startswith("env."))
+        setup_overrides = [o for o in setup_overrides if not o.startswith("env.")]
+        saved_env = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        if env:  # dynamo does not guard on the environment: trace this setup afresh
+            torch._dynamo.reset()
         sampler = PowerTrace(NvmlDevice(torch.device("cuda"))) if args.power_trace else None
         row_cfg = load_config(args.config, [*args.overrides, *setup_overrides])  # this row's model shapes
         if setup.startswith("ours"):
@@ -231,6 +240,13 @@ def main(argv=None) -> int:
             if w0 is not None and w1 is not None:  # the timed steps only (not compile, warm-up, profiling)
                 print("[e2e] " + format_summary(setup, summarize(sampler.samples, sampler.at(w0), sampler.at(w1))),
                       flush=True)
+        for k, v in saved_env.items():  # this setup's environment variables end with it
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if env:
+            torch._dynamo.reset()
         torch.cuda.empty_cache()
         if not args.keep_traces:
             for trace in [*trace_dir.glob("*.json"), *trace_dir.glob("*/profile_step_*.json")]:
