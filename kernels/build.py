@@ -41,10 +41,11 @@ _error: str | None = None
 
 def sources() -> list[Path]:
     """The binding, the pre/post-pass kernels, the Hopper sources, every generated instantiation and
-    the GELU MLP's cuBLASLt calls and backward kernel (csrc/mlp)."""
+    the GELU MLP's cuBLASLt calls and backward kernel (csrc/mlp), the residual add + LayerNorm (csrc/norm)."""
     inst = sorted((CSRC / "instantiations").glob("*.cu"))
     return [CSRC / "flash_api.cpp", CSRC / "flash_bwd_pre_post.cu", *sorted((CSRC / "hopper").glob("*.cu")), *inst,
-            *sorted((CSRC / "mlp").glob("*.cpp")), *sorted((CSRC / "mlp").glob("*.cu"))]
+            *sorted((CSRC / "mlp").glob("*.cpp")), *sorted((CSRC / "mlp").glob("*.cu")),
+            *sorted((CSRC / "norm").glob("*.cpp")), *sorted((CSRC / "norm").glob("*.cu"))]
 
 
 def cublaslt_ldflags() -> list[str]:

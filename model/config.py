@@ -41,6 +41,11 @@ class GPTConfig:
     # keeps anyway, instead of their input too; the backward recovers x_hat = (y - bias) / weight (-2
     # units, no extra pass). Needs LayerNorm gains away from zero (model/layernorm.py).
     norm_saves_output: bool = False
+    # fused_add_norm (with norm_saves_output): each residual add and the LayerNorm after it run as one op
+    # of ours each way (kernels/add_layer_norm.py; a block's last add is carried into the next block's
+    # first LayerNorm): what torch.compile's LayerNorm backward and its weight-gradient sums cost less.
+    # Kernels on CUDA for a 16-bit residual stream (model.residual=autocast); torch ops elsewhere.
+    fused_add_norm: bool = False
 
     @property
     def head_dim(self) -> int:

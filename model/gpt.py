@@ -53,10 +53,18 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(cfg, backend)
         self.ln2 = LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias, saves_output=cfg.norm_saves_output)
         self.mlp = MLP(cfg, mlp_impl)
+        self.fused_add_norm = cfg.fused_add_norm  # GPT checks norm_saves_output is on too
 
-    def forward(self, x, rope=None, cu_seqlens=None, max_seqlen=None):
-        x = x + self.attn(self.ln1(x), rope, cu_seqlens, max_seqlen)
-        return x + self.mlp(self.ln2(x))
+    def forward(self, x, rope=None, cu_seqlens=None, max_seqlen=None, pending=None):
+        """x + attn(ln1(x)), then + mlp(ln2(.)). With model.fused_add_norm the block returns (h, m)
+        instead of h + m: the caller hands m to the next block as `pending`, whose ln1 adds it in the
+        same op as it normalises (LayerNorm.add_forward), as ln2 does with the attention's output."""
+        if not self.fused_add_norm:
+            x = x + self.attn(self.ln1(x), rope, cu_seqlens, max_seqlen)
+            return x + self.mlp(self.ln2(x))
+        x, y = self.ln1.add_forward(x, pending) if pending is not None else (x, self.ln1(x))
+        x, y = self.ln2.add_forward(x, self.attn(y, rope, cu_seqlens, max_seqlen))
+        return x, self.mlp(y)
 
 
 class GPT(nn.Module):
@@ -67,6 +75,9 @@ class GPT(nn.Module):
         our kernels on CUDA in bf16/fp16); build on meta or CPU and move as usual."""
         super().__init__()
         self.cfg = cfg
+        if cfg.fused_add_norm and not cfg.norm_saves_output:
+            raise ValueError("model.fused_add_norm=true needs model.norm_saves_output=true (the fused op is the "
+                             "output-keeping LayerNorm's); set both, or fused_add_norm=false")
         backend_device = torch.device(device) if device is not None else torch.device("cpu")
         self.attention_backend, reason = resolve_backend(cfg.attention, backend_device, cfg.head_dim,
                                                          attention_dtype)
@@ -117,6 +128,12 @@ class GPT(nn.Module):
         if self.cfg.residual == "autocast" and torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))  # the blocks' outputs then add in bf16
         rope = (self.rope_cos, self.rope_sin) if self.cfg.pos_emb == "rope" else None
+        pending = None  # with fused_add_norm: the last block's MLP output, not yet added
         for block in self.blocks:
-            x = block(x, rope, cu_seqlens, max_seqlen)
+            if block.fused_add_norm:
+                x, pending = block(x, rope, cu_seqlens, max_seqlen, pending)
+            else:
+                x = block(x, rope, cu_seqlens, max_seqlen)
+        if pending is not None:
+            x = x + pending
         return self.lm_head(self.ln_f(x), targets, self.cfg.fused_loss)  # logits (B, T, V) or loss

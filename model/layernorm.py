@@ -79,6 +79,21 @@ class LayerNorm(nn.LayerNorm):
         super().__init__(d, eps=eps, bias=bias)
         self.saves_output = saves_output
 
+    def add_forward(self, x: torch.Tensor, delta: torch.Tensor):
+        """(h, y) = (x + delta, self(x + delta)). With saves_output and a 16-bit residual stream in
+        autocast's dtype (or autocast off) the add and the LayerNorm run as one op each way
+        (kernels/add_layer_norm.py), keeping y and 1/std as forward() does."""
+        if self.saves_output and torch.is_grad_enabled():
+            from kernels.wgrad import compute_dtype
+
+            if x.dtype == delta.dtype == compute_dtype(x) and x.dtype in (torch.float16, torch.bfloat16) \
+                    and self.weight.dtype == torch.float32:
+                from kernels.add_layer_norm import add_layer_norm
+
+                return add_layer_norm(x, delta, self.weight, self.bias, self.eps)
+        h = x + delta
+        return h, self(h)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.saves_output and torch.is_grad_enabled():
             from kernels.wgrad import compute_dtype  # torch-only: autocast's dtype, else x's

@@ -301,6 +301,7 @@ std::vector<at::Tensor> wgmma_probe(const at::Tensor &a, const at::Tensor &b, co
 
 void register_gelu_mlp(pybind11::module_ &m);  // mlp/gelu_mlp_api.cpp: the cuBLASLt GELU-epilogue GEMMs
 void register_wgrad(pybind11::module_ &m);     // mlp/wgrad_api.cpp: weight gradients into fp32 (beta = 1)
+void register_add_layer_norm(pybind11::module_ &m);  // norm/add_layer_norm_api.cpp: residual add + LayerNorm
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "flashgpt FlashAttention-2 kernels (forward, backward)";
@@ -318,4 +319,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "(head_dim, causal, seqlen_q, seqlen_k)");
     register_gelu_mlp(m);
     register_wgrad(m);
+    register_add_layer_norm(m);
 }

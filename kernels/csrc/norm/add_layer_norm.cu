@@ -1,0 +1,257 @@
+// The residual add + LayerNorm of a pre-LN block, forward and backward (add_layer_norm.h), for the
+// output-keeping LayerNorm (model.norm_saves_output): the backward rebuilds x_hat from y, so the
+// forward keeps y and rstd only. Why ours: torch.compile fuses the add into its LayerNorm kernels as
+// well, but its backward (a "mix-order" reduction) reads at ~2.1 TB/s on an H100 at 2.7B-8k and sums
+// its (1024 x d) fp32 workspace with an eager torch.sum at ~0.6 TB/s (bench/RESULTS.md, session 26).
+//
+// Layout: one block per row at a time, a thread per 8 adjacent columns (16-byte loads; d / 8 threads
+// rounded up to whole warps, the rest idle), blocks striding over rows. Row statistics in fp32 by
+// warp shuffles, then one shared-memory exchange across the block's warps.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "norm/add_layer_norm.h"
+
+namespace flashgpt {
+namespace {
+
+constexpr int kCols = 8;
+constexpr int kMaxWarps = 32;  // d <= 8192
+
+__device__ __forceinline__ float2 f2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
+__device__ __forceinline__ float2 f2(__half2 v) { return __half22float2(v); }
+template <typename T2> __device__ __forceinline__ T2 to2(float a, float b);
+template <> __device__ __forceinline__ __nv_bfloat162 to2(float a, float b) { return __floats2bfloat162_rn(a, b); }
+template <> __device__ __forceinline__ __half2 to2(float a, float b) { return __floats2half2_rn(a, b); }
+
+template <typename T2>
+__device__ __forceinline__ void unpack(const uint4 &v, float (&out)[kCols]) {
+    const T2 *p = reinterpret_cast<const T2 *>(&v);
+#pragma unroll
+    for (int j = 0; j < kCols / 2; ++j) {
+        const float2 f = f2(p[j]);
+        out[2 * j] = f.x;
+        out[2 * j + 1] = f.y;
+    }
+}
+
+template <typename T2>
+__device__ __forceinline__ uint4 pack(const float (&in)[kCols]) {
+    uint4 v;
+    T2 *p = reinterpret_cast<T2 *>(&v);
+#pragma unroll
+    for (int j = 0; j < kCols / 2; ++j) p[j] = to2<T2>(in[2 * j], in[2 * j + 1]);
+    return v;
+}
+
+// Sums of (a, b) over the block's threads; every thread gets them. red: 2 x kMaxWarps floats of
+// shared memory; the trailing __syncthreads lets the caller reuse it for the next row.
+__device__ __forceinline__ float2 block_sum2(float a, float b, float *red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+    const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    if (threadIdx.x % 32 == 0) {
+        red[warp] = a;
+        red[kMaxWarps + warp] = b;
+    }
+    __syncthreads();
+    float2 s = make_float2(0.f, 0.f);
+    for (int i = 0; i < warps; ++i) {  // every thread reads the few partials: no second round
+        s.x += red[i];
+        s.y += red[kMaxWarps + i];
+    }
+    __syncthreads();
+    return s;
+}
+
+template <typename T2>
+__global__ void __launch_bounds__(1024) add_layer_norm_forward_kernel(const uint4 *__restrict__ x, const uint4 *__restrict__ delta,
+                                              const float *__restrict__ w, const float *__restrict__ b,
+                                              uint4 *__restrict__ h, uint4 *__restrict__ y,
+                                              float *__restrict__ rstd_out, int64_t rows, int d, float eps) {
+    __shared__ float red[2 * kMaxWarps];
+    const int c = threadIdx.x, chunks = d / kCols;  // this thread's 8 columns: 8c..8c+7
+    const bool active = c < chunks;
+    float wv[kCols] = {}, bv[kCols] = {};
+    if (active) {
+#pragma unroll
+        for (int j = 0; j < kCols; ++j) {
+            wv[j] = w[kCols * c + j];
+            bv[j] = b != nullptr ? b[kCols * c + j] : 0.f;
+        }
+    }
+    const float inv_d = 1.f / d;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        float v[kCols] = {};
+        if (active) {
+            float xv[kCols], dv[kCols];
+            unpack<T2>(x[r * chunks + c], xv);
+            unpack<T2>(delta[r * chunks + c], dv);
+#pragma unroll
+            for (int j = 0; j < kCols; ++j) v[j] = xv[j] + dv[j];
+            const uint4 hv = pack<T2>(v);  // the residual stream holds h rounded: normalise what it holds
+            h[r * chunks + c] = hv;
+            unpack<T2>(hv, v);
+        }
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < kCols; ++j) s += v[j];
+        const float mean = block_sum2(s, 0.f, red).x * inv_d;
+        float q = 0.f;
+        if (active) {
+#pragma unroll
+            for (int j = 0; j < kCols; ++j) {
+                v[j] -= mean;
+                q += v[j] * v[j];
+            }
+        }
+        const float rstd = rsqrtf(block_sum2(q, 0.f, red).x * inv_d + eps);  // two-pass variance
+        if (active) {
+            float out[kCols];
+#pragma unroll
+            for (int j = 0; j < kCols; ++j) out[j] = v[j] * rstd * wv[j] + bv[j];
+            y[r * chunks + c] = pack<T2>(out);
+        }
+        if (c == 0) rstd_out[r] = rstd;
+    }
+}
+
+template <typename T2>
+__global__ void __launch_bounds__(1024) add_layer_norm_backward_kernel(const uint4 *__restrict__ dh_in, const uint4 *__restrict__ dy,
+                                               const uint4 *__restrict__ y, const float *__restrict__ w,
+                                               const float *__restrict__ b, const float *__restrict__ rstd,
+                                               uint4 *__restrict__ dh, float *__restrict__ partial, int64_t rows,
+                                               int d) {
+    __shared__ float red[2 * kMaxWarps];
+    const int c = threadIdx.x, chunks = d / kCols;
+    const bool active = c < chunks;
+    float wv[kCols] = {}, bv[kCols] = {}, dw[kCols] = {}, db[kCols] = {};
+    if (active) {
+#pragma unroll
+        for (int j = 0; j < kCols; ++j) {
+            wv[j] = w[kCols * c + j];
+            bv[j] = b != nullptr ? b[kCols * c + j] : 0.f;
+        }
+    }
+    const float inv_d = 1.f / d;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        float g[kCols] = {}, xh[kCols] = {}, dyv[kCols] = {};
+        float sg = 0.f, sgx = 0.f;
+        uint4 dhv = make_uint4(0, 0, 0, 0);
+        if (active) {
+            float yv[kCols];
+            dhv = dh_in[r * chunks + c];  // issued first: used last
+            unpack<T2>(dy[r * chunks + c], dyv);
+            unpack<T2>(y[r * chunks + c], yv);
+#pragma unroll
+            for (int j = 0; j < kCols; ++j) {
+                xh[j] = (yv[j] - bv[j]) / wv[j];  // x_hat, from the output
+                g[j] = dyv[j] * wv[j];
+                sg += g[j];
+                sgx += g[j] * xh[j];
+                dw[j] += dyv[j] * xh[j];
+                db[j] += dyv[j];
+            }
+        }
+        const float2 s = block_sum2(sg, sgx, red);
+        if (active) {
+            const float rs = rstd[r], mg = s.x * inv_d, mgx = s.y * inv_d;
+            float in[kCols], out[kCols];
+            unpack<T2>(dhv, in);
+#pragma unroll
+            for (int j = 0; j < kCols; ++j) out[j] = in[j] + rs * (g[j] - mg - xh[j] * mgx);
+            dh[r * chunks + c] = pack<T2>(out);
+        }
+    }
+    if (active) {  // this block's partial sums of w's and b's gradients
+        float *pw = partial + static_cast<int64_t>(blockIdx.x) * d + kCols * c;
+        float *pb = partial + (static_cast<int64_t>(gridDim.x) + blockIdx.x) * d + kCols * c;
+#pragma unroll
+        for (int j = 0; j < kCols; ++j) {
+            pw[j] = dw[j];
+            pb[j] = db[j];
+        }
+    }
+}
+
+// dw[c] = sum over groups of partial[0][g][c]; db likewise from partial[1] (when db is not null).
+__global__ void param_grads_kernel(const float *__restrict__ partial, float *__restrict__ dw, float *__restrict__ db,
+                                   int d, int groups) {
+    const int col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= d) return;
+    float sw = 0.f, sb = 0.f;
+    for (int g = 0; g < groups; ++g) {
+        sw += partial[static_cast<int64_t>(g) * d + col];
+        sb += partial[static_cast<int64_t>(groups + g) * d + col];
+    }
+    dw[col] = sw;
+    if (db != nullptr) db[col] = sb;
+}
+
+int threads_for(int64_t d) { return static_cast<int>(((d / kCols) + 31) / 32 * 32); }
+
+// Blocks for `rows` rows: as many as fit on the GPU at once (by the kernel's occupancy), at most one per row.
+template <typename Kernel>
+int blocks_for(Kernel kernel, int64_t rows, int64_t d) {
+    int dev = 0, sms = 132, per_sm = 1;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads_for(d), 0);
+    const int64_t want = static_cast<int64_t>(sms) * (per_sm < 1 ? 1 : per_sm);
+    return static_cast<int>(rows < want ? (rows < 1 ? 1 : rows) : want);
+}
+
+}  // namespace
+
+int add_layer_norm_row_groups(bool bf16, int64_t rows, int64_t d) {
+    return bf16 ? blocks_for(add_layer_norm_backward_kernel<__nv_bfloat162>, rows, d)
+                : blocks_for(add_layer_norm_backward_kernel<__half2>, rows, d);
+}
+
+cudaError_t add_layer_norm_forward(bool bf16, const void *x, const void *delta, const float *w, const float *b,
+                                   void *h, void *y, float *rstd, int64_t rows, int64_t d, float eps,
+                                   cudaStream_t stream) {
+    const int threads = threads_for(d);
+    const int blocks = bf16 ? blocks_for(add_layer_norm_forward_kernel<__nv_bfloat162>, rows, d)
+                            : blocks_for(add_layer_norm_forward_kernel<__half2>, rows, d);
+    auto *xv = static_cast<const uint4 *>(x), *dv = static_cast<const uint4 *>(delta);
+    auto *hv = static_cast<uint4 *>(h), *yv = static_cast<uint4 *>(y);
+    if (bf16) {
+        add_layer_norm_forward_kernel<__nv_bfloat162><<<blocks, threads, 0, stream>>>(xv, dv, w, b, hv, yv, rstd, rows,
+                                                                                     static_cast<int>(d), eps);
+    } else {
+        add_layer_norm_forward_kernel<__half2><<<blocks, threads, 0, stream>>>(xv, dv, w, b, hv, yv, rstd, rows,
+                                                                              static_cast<int>(d), eps);
+    }
+    return cudaGetLastError();
+}
+
+cudaError_t add_layer_norm_backward(bool bf16, const void *dh_in, const void *dy, const void *y, const float *w,
+                                    const float *b, const float *rstd, void *dh, float *partial, int64_t rows,
+                                    int64_t d, int row_groups, cudaStream_t stream) {
+    const int threads = threads_for(d);
+    auto *in = static_cast<const uint4 *>(dh_in), *g = static_cast<const uint4 *>(dy), *yv = static_cast<const uint4 *>(y);
+    auto *out = static_cast<uint4 *>(dh);
+    if (bf16) {
+        add_layer_norm_backward_kernel<__nv_bfloat162><<<row_groups, threads, 0, stream>>>(in, g, yv, w, b, rstd, out,
+                                                                                          partial, rows, static_cast<int>(d));
+    } else {
+        add_layer_norm_backward_kernel<__half2><<<row_groups, threads, 0, stream>>>(in, g, yv, w, b, rstd, out, partial,
+                                                                                   rows, static_cast<int>(d));
+    }
+    return cudaGetLastError();
+}
+
+cudaError_t add_layer_norm_param_grads(const float *partial, float *dw, float *db, int64_t d, int row_groups,
+                                       cudaStream_t stream) {
+    param_grads_kernel<<<static_cast<unsigned>((d + 255) / 256), 256, 0, stream>>>(partial, dw, db, static_cast<int>(d),
+                                                                                   row_groups);
+    return cudaGetLastError();
+}
+
+}  // namespace flashgpt
