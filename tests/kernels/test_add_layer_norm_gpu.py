@@ -5,8 +5,6 @@ the op's errors; a compiled GPT with model.fused_add_norm against the same GPT w
 without CUDA."""
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
@@ -14,27 +12,16 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-import kernels  # noqa: E402
+from gpu_util import ext, fresh_factory, require_extension  # noqa: E402
 from kernels.add_layer_norm import reference_backward, reference_forward  # noqa: E402
-
-_seed = itertools.count(991)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _ext():
-    if not kernels.is_available():
-        pytest.fail("extension did not build: " + kernels.unavailable_reason())
+    require_extension()
 
 
-def ext():
-    from kernels.build import load_extension
-
-    return load_extension()
-
-
-def fresh(*shape, dtype=torch.bfloat16, scale=1.0):
-    torch.manual_seed(next(_seed))
-    return (torch.randn(*shape, device="cuda") * scale).to(dtype)
+fresh = fresh_factory(991)
 
 
 def close(ours, ref, rel, what):

@@ -5,7 +5,6 @@ the Linear and the fused MLP with it, eager and compiled; the trainer's step wit
 Skipped without CUDA."""
 from __future__ import annotations
 
-import itertools
 from types import SimpleNamespace
 
 import pytest
@@ -16,29 +15,19 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-import kernels  # noqa: E402
+from gpu_util import ext, fresh_factory, require_extension  # noqa: E402
 from kernels.gelu_mlp import gelu_mlp  # noqa: E402
 from kernels.wgrad import accumulate, linear, reference_accumulate  # noqa: E402
 
-_seed = itertools.count(4242)
 EPS = 1e-5
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _ext():
-    if not kernels.is_available():
-        pytest.fail("extension did not build: " + kernels.unavailable_reason())
+    require_extension()
 
 
-def ext():
-    from kernels.build import load_extension
-
-    return load_extension()
-
-
-def fresh(*shape, dtype=torch.bfloat16, scale=1.0):
-    torch.manual_seed(next(_seed))
-    return (torch.randn(*shape, device="cuda") * scale).to(dtype)
+fresh = fresh_factory(4242)
 
 
 def assert_close_to_fp64(ours, torch_fp32, exact, what):

@@ -70,6 +70,16 @@ __device__ __forceinline__ float2 block_sum2(float a, float b, float *red) {
     return s;
 }
 
+// The LayerNorm's weight and bias (0 without one) at this thread's 8 columns.
+__device__ __forceinline__ void load_params(const float *w, const float *b, int c, float (&wv)[kCols],
+                                            float (&bv)[kCols]) {
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+        wv[j] = w[kCols * c + j];
+        bv[j] = b != nullptr ? b[kCols * c + j] : 0.f;
+    }
+}
+
 template <typename T2>
 __global__ void __launch_bounds__(1024) add_layer_norm_forward_kernel(const uint4 *__restrict__ x, const uint4 *__restrict__ delta,
                                               const float *__restrict__ w, const float *__restrict__ b,
@@ -79,13 +89,7 @@ __global__ void __launch_bounds__(1024) add_layer_norm_forward_kernel(const uint
     const int c = threadIdx.x, chunks = d / kCols;  // this thread's 8 columns: 8c..8c+7
     const bool active = c < chunks;
     float wv[kCols] = {}, bv[kCols] = {};
-    if (active) {
-#pragma unroll
-        for (int j = 0; j < kCols; ++j) {
-            wv[j] = w[kCols * c + j];
-            bv[j] = b != nullptr ? b[kCols * c + j] : 0.f;
-        }
-    }
+    if (active) load_params(w, b, c, wv, bv);
     const float inv_d = 1.f / d;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         float v[kCols] = {};
@@ -132,13 +136,7 @@ __global__ void __launch_bounds__(1024) add_layer_norm_backward_kernel(const uin
     const int c = threadIdx.x, chunks = d / kCols;
     const bool active = c < chunks;
     float wv[kCols] = {}, bv[kCols] = {}, dw[kCols] = {}, db[kCols] = {};
-    if (active) {
-#pragma unroll
-        for (int j = 0; j < kCols; ++j) {
-            wv[j] = w[kCols * c + j];
-            bv[j] = b != nullptr ? b[kCols * c + j] : 0.f;
-        }
-    }
+    if (active) load_params(w, b, c, wv, bv);
     const float inv_d = 1.f / d;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         float g[kCols] = {}, xh[kCols] = {}, dyv[kCols] = {};
