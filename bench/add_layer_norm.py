@@ -19,20 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.mlp_epilogue import time_ms  # noqa: E402  (median GPU ms by CUDA events, after warm-up)
 from model.layernorm import LayerNorm  # noqa: E402
-
-
-def timed(fn, iters: int) -> float:
-    """Median GPU milliseconds of fn() over iters calls."""
-    out = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        out.append(s.elapsed_time(e))
-    return statistics.median(out)
 
 
 def main(argv=None) -> int:
@@ -63,13 +51,13 @@ def main(argv=None) -> int:
             for name, fn in cands.items():
                 xs, ds = x.clone().requires_grad_(), delta.clone().requires_grad_()
                 h, y = fn(xs, ds)
-                fwd = timed(lambda: fn(xs, ds), args.iters)
+                fwd = time_ms(lambda: fn(xs, ds), args.iters)
 
                 def bwd():
                     hh, yy = fn(xs, ds)
                     torch.autograd.backward((hh, yy), (gh, gy))
 
-                both = timed(bwd, args.iters)
+                both = time_ms(bwd, args.iters)
                 results[name][0].append(fwd)
                 results[name][1].append(both - fwd)
         for name, (f, b) in results.items():
