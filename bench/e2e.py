@@ -66,7 +66,8 @@ from training.profiling import profile_call  # noqa: E402
 SDPA = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 
 
-def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, micro: int, trace_dir: Path) -> dict:
+def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, micro: int, trace_dir: Path,
+                     profile: bool = True) -> dict:
     """Median seconds per optimizer step of a plain-PyTorch loop; peak memory in GB."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -124,15 +125,17 @@ def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, micro
         telemetry.close()
     out = {"step_s": statistics.median(times), "tokens": accum * micro * T, "window": tuple(window),
            "mem_gb": torch.cuda.max_memory_allocated() / 1e9, **power}
-    with own_compile, sdpa_kernel(getattr(SDPBackend, SDPA[backend])):
-        _, shares = profile_call(one_step, torch.device("cuda"), trace_dir / f"{setup}.json")
-    out["attn_share"], out["mm_share"] = shares["time_share_attention"], shares["time_share_matmul"]
-    out["kernel_s"] = shares["kernel_time_s"]
+    out["attn_share"] = out["mm_share"] = out["kernel_s"] = None
+    if profile:
+        with own_compile, sdpa_kernel(getattr(SDPBackend, SDPA[backend])):
+            _, shares = profile_call(one_step, torch.device("cuda"), trace_dir / f"{setup}.json")
+        out["attn_share"], out["mm_share"] = shares["time_share_attention"], shares["time_share_matmul"]
+        out["kernel_s"] = shares["kernel_time_s"]
     return out  # model, optimizer and data are freed with this frame
 
 
 def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum: int, micro: int,
-                    run_name: str, trace_dir: Path) -> dict:
+                    run_name: str, trace_dir: Path, profile: bool = True) -> dict:
     """Run the real trainer; read its own per-step metrics (what the W&B/JSON-lines log shows)."""
     from training.distributed import init_distributed
     from training.trainer import Trainer
@@ -140,7 +143,9 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
     out_dir = str(trace_dir)
     cfg = load_config(config, [f"train.global_batch_size={accum * micro}", f"train.micro_batch_size={micro}",
                                f"train.max_steps={warmup + steps + 1}", "train.eval_interval=0",
-                               f"train.profile_step={warmup + steps + 1}",  # one extra, profiled step
+                               # one extra step: profiled, and the last timed step's record is written
+                               # at its sync (below)
+                               f"train.profile_step={warmup + steps + 1 if profile else 0}",
                                "train.ckpt_interval=0", "train.save_final=false", "logging.wandb=disabled",
                                "logging.progress=false", f"train.out_dir={out_dir}",
                                f"train.run_name={run_name}", "train.resume=none", *overrides])
@@ -152,7 +157,7 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
     last = warmup + steps + 1
     times = [r["step_time_s"] for r in records if r.get("step_time_s") and warmup < r["step"] < last]
     tokens = cfg.train.global_batch_size * cfg.model.seq_len  # per optimizer step (one process)
-    shares = next(r for r in records if r["step"] == last and "time_share_attention" in r)
+    shares = next((r for r in records if r["step"] == last and "time_share_attention" in r), {})
     backend = f"{trainer.engine.model.attention_backend}, mlp {getattr(trainer.engine.model, 'mlp_impl', 'torch')}"
     del trainer
     torch.cuda.empty_cache()
@@ -167,7 +172,7 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
     at = {r["step"]: r.get("time") for r in records}
     window = tuple(None if at.get(k) is None else at[k] - step_s for k in (warmup, last - 1))
     return {"step_s": step_s, "tokens": tokens, "mem_gb": mem, "attention": backend, "window": window,
-            "attn_share": shares["time_share_attention"], "mm_share": shares["time_share_matmul"],
+            "attn_share": shares.get("time_share_attention"), "mm_share": shares.get("time_share_matmul"),
             "kernel_s": shares.get("kernel_time_s"), **power}
 
 
@@ -184,6 +189,9 @@ def main(argv=None) -> int:
                    help="where the profiled step's Chrome traces and top-kernel lists go (default: a temp dir)")
     p.add_argument("--keep-traces", action="store_true",
                    help="keep the Chrome traces (large); the top-kernel lists are always kept")
+    p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
+                   help="one more, profiled step per setup for the GPU-time shares (--no-profile: skip it, for "
+                        "steps of many micro-batches, whose traces take minutes to write)")
     p.add_argument("--sustain-s", type=float, default=5.0,
                    help="seconds of GEMMs before timing the power-capped GEMM ceiling")
     p.add_argument("--power-trace", type=Path, default=None,
@@ -226,12 +234,12 @@ def main(argv=None) -> int:
             extra = [f"model.attention={a}" for a in ("flash", "sdpa") if a in parts] + \
                     [f"train.compile={'true' if 'compile' in parts else 'false'}"]
             r = ours_step_times(args.config, [*args.overrides, *extra, *setup_overrides], args.steps,
-                                args.warmup, n_micro, micro, f"run{len(rows)}_{name}", trace_dir)
+                                args.warmup, n_micro, micro, f"run{len(rows)}_{name}", trace_dir, args.profile)
         else:
             if setup_overrides:
                 raise SystemExit(f"{setup!r}: overrides apply to our trainer's setups only")
             r = plain_step_times(row_cfg, name, args.steps, args.warmup, n_micro, micro,
-                                 trace_dir)
+                                 trace_dir, args.profile)
             r["attention"] = f"sdpa {name.split('_')[1]}"
         if sampler is not None:
             sampler.stop()
@@ -257,8 +265,9 @@ def main(argv=None) -> int:
         tok_s = tokens / r["step_s"]
         rows.append((setup, r["attention"], tok_s, fpt * tok_s / 1e12, fpt_causal * tok_s / 1e12, r["mem_gb"],
                      r["attn_share"], r["mm_share"], r))
-        print(f"[e2e] {setup}: {tok_s / 1e3:.1f}k tokens/s, {fpt * tok_s / 1e12:.0f} TFLOP/s (paper), "
-              f"attention {100 * r['attn_share']:.1f}% of GPU time", flush=True)
+        attn_txt = f"attention {100 * r['attn_share']:.1f}% of GPU time" if r["attn_share"] is not None else "not profiled"
+        print(f"[e2e] {setup}: {tok_s / 1e3:.1f}k tokens/s, {fpt * tok_s / 1e12:.0f} TFLOP/s (paper), {attn_txt}",
+              flush=True)
         if "gpu_power_capped" in r:  # our trainer's telemetry: why the SM clock sat below its maximum
             print(f"[e2e] {setup}: SM clock held down by the power limit in {100 * r['gpu_power_capped']:.0f}% "
                   f"of busy samples, by thermal limits in {100 * r.get('gpu_thermal_capped', 0):.0f}%", flush=True)
@@ -280,9 +289,11 @@ def main(argv=None) -> int:
         # the profiled step's summed kernel time over the median unprofiled step time: the GPU's busy
         # share (100% minus it bounds what removing launch gaps, e.g. with CUDA graphs, could give)
         busy = f"{100 * r['kernel_s'] / r['step_s']:.1f}%" if r.get("kernel_s") else "n/a"
+        split = (f"{100 * share:.1f}% / {100 * mm:.1f}% / {100 * (1 - share - mm):.1f}%" if share is not None
+                 else "not profiled")
         print(f"| {setup} | {attn} | {tok_s / 1e3:.1f}k | {tf:.0f} | {tfc:.0f} | {mfu} | "
               f"{100 * tf * 1e12 / gemm:.1f}% / {100 * tf * 1e12 / gemm_capped:.1f}% | {mem:.1f} | "
-              f"{100 * share:.1f}% / {100 * mm:.1f}% / {100 * (1 - share - mm):.1f}% | {busy} | {power} | {ratio} |")
+              f"{split} | {busy} | {power} | {ratio} |")
     return 0
 
 

@@ -76,10 +76,12 @@ std::vector<at::Tensor> add_layer_norm_bwd(const at::Tensor &dh_in, const at::Te
     c10::cuda::CUDAGuard guard(y.device());
     const bool bf16 = y.scalar_type() == at::kBFloat16;
     auto dh = at::empty_like(y);
-    auto dw = at::zeros({d}, w.options());
-    std::vector<at::Tensor> out{dh, dw};
-    if (b.has_value()) out.push_back(at::zeros({d}, w.options()));
-    if (rows == 0) return out;
+    std::vector<at::Tensor> out{dh, at::empty({d}, w.options())};  // dw, db: written whole by the column sum
+    if (b.has_value()) out.push_back(at::empty({d}, w.options()));
+    if (rows == 0) {
+        for (size_t i = 1; i < out.size(); ++i) out[i].zero_();
+        return out;
+    }
     const int groups = flashgpt::add_layer_norm_row_groups(bf16, rows, d);
     auto partial = at::empty({2, groups, d}, w.options());
     auto stream = at::cuda::getCurrentCUDAStream().stream();
@@ -88,7 +90,7 @@ std::vector<at::Tensor> add_layer_norm_bwd(const at::Tensor &dh_in, const at::Te
                                                         rstd.data_ptr<float>(), dh.data_ptr(), partial.data_ptr<float>(),
                                                         rows, d, groups, stream);
     TORCH_CHECK(err == cudaSuccess, kWho, ": backward launch failed: ", cudaGetErrorString(err));
-    err = flashgpt::add_layer_norm_param_grads(partial.data_ptr<float>(), dw.data_ptr<float>(),
+    err = flashgpt::add_layer_norm_param_grads(partial.data_ptr<float>(), out[1].data_ptr<float>(),
                                                b.has_value() ? out[2].data_ptr<float>() : nullptr, d, groups, stream);
     TORCH_CHECK(err == cudaSuccess, kWho, ": weight-gradient launch failed: ", cudaGetErrorString(err));
     return out;
