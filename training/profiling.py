@@ -7,7 +7,8 @@ share of kernel time, calls), and logs the shares and, on CUDA, the step's summe
 most CUDA graphs could give back is the rest. Kernels (on CUDA) or operators (on CPU) are put
 in a class by name, which is a heuristic: attention = our kernels and SDPA's flash / cuDNN /
 memory-efficient kernels; matmul = cuBLAS / CUTLASS GEMM kernels (or aten::mm-like ops on CPU), a
-GEMM with the GELU in its epilogue included; our MLP's GELU-backward kernel is "other".
+GEMM with the GELU in its epilogue included; our MLP's GELU-backward kernel and our residual-add +
+LayerNorm kernels are "other".
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from torch.profiler import ProfilerActivity, profile
 
 ATTENTION = re.compile(r"flash|fmha|sdpa|attention|attn|flashgpt", re.I)
 MATMUL = re.compile(r"gemm|cutlass|nvjet|xmma|cublas|aten::(mm|addmm|bmm|matmul|linear)\b", re.I)
-# Our kernels that are not attention although their names say flashgpt (the MLP's GELU backward).
-NOT_ATTENTION = re.compile(r"gelu_backward", re.I)
+# Our kernels that are not attention although their names say flashgpt (the MLP's GELU backward, the
+# residual add + LayerNorm and its weight-gradient column sum: csrc/norm/add_layer_norm.cu).
+NOT_ATTENTION = re.compile(r"gelu_backward|add_layer_norm|param_grads_kernel", re.I)
 
 
 def classify(name: str) -> str:

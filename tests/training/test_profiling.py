@@ -23,6 +23,8 @@ from training.profiling import classify, time_shares, top_kernels
     ("aten::layer_norm", "other"),
     ("nvjet_sm90_tst_192x128_64x5_1x2_h_bz_coopA_geluauxbias_TNN", "matmul"),  # the MLP's fused GELU
     ("void flashgpt::(anonymous namespace)::gelu_backward_bias_kernel<__nv_bfloat162>(...)", "other"),
+    ("void flashgpt::(anonymous namespace)::add_layer_norm_backward_kernel<__nv_bfloat162, 512>(...)", "other"),
+    ("flashgpt::(anonymous namespace)::param_grads_kernel(float const*, float*, float*, int, int)", "other"),
 ])
 def test_classify(name, cls):
     assert classify(name) == cls
