@@ -215,6 +215,9 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     _choice(m.mlp, ("auto", "fused", "torch"), "model.mlp")
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
+    if m.fused_add_norm and not m.norm_saves_output:
+        raise ConfigError("model.fused_add_norm=true needs model.norm_saves_output=true (the fused op is the "
+                          "output-keeping LayerNorm's): set both, or model.fused_add_norm=false")
     _choice(cfg.data.format, ("auto", "text", "json", "parquet"), "data.format")
     if not 0.0 < cfg.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction={cfg.data.val_fraction} must be in (0, 1)")

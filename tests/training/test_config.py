@@ -47,6 +47,7 @@ def test_paper_shapes():
     (["model.attention=xformers"], "model.attention"),
     (["model.mlp=swiglu"], "model.mlp"),
     (["model.residual=bf16"], "model.residual"),
+    (["model.fused_add_norm=true"], "norm_saves_output=true"),
     (["model.mlp=fused", "engine.type=deepspeed", "engine.zero_stage=3"], "ZeRO-3"),
     (["train.global_batch_size=10", "train.micro_batch_size=4"], "global_batch_size"),
     (["train.max_steps=0"], "max_steps"),
