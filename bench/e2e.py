@@ -29,9 +29,9 @@ or when the step is traced (dynamo is reset around such a setup).
 --micro-batch B runs every setup with B sequences per forward and accum / B micro-batches per
 optimizer step (the same tokens per step).
 Plain steps feed random tokens already on the GPU and time with CUDA events (median of steps after
-warm-up). One more step of each setup runs under torch.profiler for the attention share of GPU
-kernel time (training/profiling.py), outside the timed steps, and its summed kernel time over the
-median step time is the "GPU busy" column: 100% minus it bounds what removing launch gaps (CUDA
+warm-up). One more step of each setup (unless --no-profile) runs under torch.profiler for the
+attention share of GPU kernel time (training/profiling.py), outside the timed steps, and its summed
+kernel time over the median step time is the "GPU busy" column: 100% minus it bounds what removing launch gaps (CUDA
 graphs) could give. Model TFLOP/s per the paper: (6·N + 12·L·d·s) FLOPs per token; causal-aware: 6·N + 6·L·d·s.
 Every compiled setup, ours and plain, compiles with training/inductor_barrier.py's fix installed (a
 race in inductor's LayerNorm kernels made compiled steps wrong; session 17), so all measure correct
