@@ -17,24 +17,16 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from model.layernorm import LayerNorm  # noqa: E402
-from training.profiling import _timed  # noqa: E402  ((us, calls, name) of each kernel)
+from kernels.timing import kernel_us_per_call  # noqa: E402
 
 
 def kernel_us(fn, iters: int):
     """GPU kernel time per call of fn (us) and {kernel name: us per call}, after a warm-up."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    per = {name: us / iters for us, _, name in _timed(prof.key_averages(), "cuda")}
+    per = kernel_us_per_call(fn, iters)
     return sum(per.values()), per
 
 

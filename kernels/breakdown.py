@@ -15,14 +15,12 @@ shape (1 x 128 tokens x 1 head), where the GPU waits on the host.
 from __future__ import annotations
 
 import argparse
-import collections
 import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from kernels.bench import D_MODEL, TOKENS, impls
-from kernels.timing import time_ms
+from kernels.timing import kernel_us_per_call, time_ms
 
 
 def kernel_times(fn, q, k, v, dout, iters: int) -> dict[str, float]:
@@ -31,18 +29,7 @@ def kernel_times(fn, q, k, v, dout, iters: int) -> dict[str, float]:
         q.grad = k.grad = v.grad = None
         fn(q, k, v).backward(dout)
 
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            step()
-        torch.cuda.synchronize()
-    per_name: dict[str, float] = collections.defaultdict(float)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            per_name[ev.name] += ev.device_time_total / iters  # device_time_total: us
-    return dict(per_name)
+    return kernel_us_per_call(step, iters)
 
 
 def host_us(fn, d: int, iters: int = 200) -> float:

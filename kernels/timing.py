@@ -1,5 +1,6 @@
 """CUDA-event timing shared by kernels.bench, kernels.tune and kernels.breakdown: warm-up, then the
-median of `reps` calls, each between two events on the current stream (milliseconds).
+median of `reps` calls, each between two events on the current stream (milliseconds). And
+`kernel_us_per_call`: each kernel's device time per call from torch.profiler (breakdown, bench/).
 
 Two modes (`queue_ahead`):
 - True (the default since session 9, "GPU time"): before each timed call the stream is given a spin
@@ -123,3 +124,23 @@ def time_interleaved_ms(fns: Dict[str, Callable[[], object]], reps: int, warmup:
             for name in order:
                 times[name].append(_call_ms(fns[name], spin))
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def kernel_us_per_call(fn: Callable[[], object], iters: int, warmup: int = 3) -> Dict[str, float]:
+    """Kernel name -> microseconds of device time per call of fn, from torch.profiler over `iters`
+    calls after `warmup` (launch gaps and host time left out). CUDA only."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    per_name: Dict[str, float] = {}
+    for ev in prof.events():
+        # GPU-side spans of record_function ranges (e.g. a compiled graph's) would count their kernels twice
+        if ev.device_type == torch.autograd.DeviceType.CUDA and not getattr(ev, "is_user_annotation", False):
+            per_name[ev.name] = per_name.get(ev.name, 0.0) + ev.device_time_total / iters  # us
+    return per_name
