@@ -54,6 +54,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from training.allocator import expandable_segments_by_default  # noqa: E402
+
+expandable_segments_by_default()  # every setup, ours and plain, with the launcher's allocator setting
+
 from bench.power_trace import PowerTrace, format_summary, summarize  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 from training.compile_options import prepare_compile  # noqa: E402

@@ -15,6 +15,10 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository's packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from training.allocator import expandable_segments_by_default  # noqa: E402
+
+expandable_segments_by_default()  # before anything touches CUDA
+
 from data.sources import DataError  # noqa: E402
 from training.checkpoint import CheckpointError  # noqa: E402
 from training.config import ConfigError, load_config, validate  # noqa: E402

@@ -37,6 +37,11 @@ class GPTConfig:
     # it anyway, writes the output again for the second projection's weight gradient (-4 units; one
     # more (tokens, 4d) write per layer). Fused MLP only (kernels/gelu_mlp.py).
     recompute_gelu: bool = False
+    # recompute_gelu_layers (with recompute_gelu): how many blocks, the first ones, recompute; the others
+    # keep their GELU output (4 units more each, no rebuild). -1 = all. Spends what memory a micro-batch
+    # leaves over: 2.7B-8k at micro-batch 2 on one H100, 14 (18 blocks keep theirs) -> 84.0 GB and +0.45%;
+    # on several GPUs NCCL's own ~1.6 GB leaves no room for that (bench/RESULTS.md session 28).
+    recompute_gelu_layers: int = -1
     # norm_saves_output: the blocks' LayerNorms keep their (bf16) output, which the next projection
     # keeps anyway, instead of their input too; the backward recovers x_hat = (y - bias) / weight (-2
     # units, no extra pass). Needs LayerNorm gains away from zero (model/layernorm.py).
@@ -46,6 +51,12 @@ class GPTConfig:
     # first LayerNorm): what torch.compile's LayerNorm backward and its weight-gradient sums cost less.
     # Kernels on CUDA for a 16-bit residual stream (model.residual=autocast); torch ops elsewhere.
     fused_add_norm: bool = False
+
+    def recomputes_gelu(self, layer: int) -> bool:
+        """Whether block `layer` (0-based) keeps only its GELU's input (recompute_gelu[_layers])."""
+        if not self.recompute_gelu:
+            return False
+        return self.recompute_gelu_layers < 0 or layer < self.recompute_gelu_layers
 
     @property
     def head_dim(self) -> int:

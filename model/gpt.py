@@ -47,12 +47,12 @@ class LMHead(nn.Linear):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig, backend: str, mlp_impl: str = "torch"):
+    def __init__(self, cfg: GPTConfig, backend: str, mlp_impl: str = "torch", layer: int = 0):
         super().__init__()
         self.ln1 = LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias, saves_output=cfg.norm_saves_output)
         self.attn = CausalSelfAttention(cfg, backend)
         self.ln2 = LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias, saves_output=cfg.norm_saves_output)
-        self.mlp = MLP(cfg, mlp_impl)
+        self.mlp = MLP(cfg, mlp_impl, recompute_gelu=cfg.recomputes_gelu(layer))
         self.fused_add_norm = cfg.fused_add_norm  # GPT checks norm_saves_output is on too
 
     def forward(self, x, rope=None, cu_seqlens=None, max_seqlen=None, pending=None):
@@ -88,7 +88,8 @@ class GPT(nn.Module):
         self.wte = TiedEmbedding(cfg.vocab_size, cfg.d_model)  # nn.Embedding + an optional grad buffer
         self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.pos_emb == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, self.attention_backend, self.mlp_impl) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, self.attention_backend, self.mlp_impl, layer)
+                                    for layer in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
         self.lm_head = LMHead(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied input/output embedding

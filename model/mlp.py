@@ -46,7 +46,7 @@ def resolve_mlp(requested: str, device: torch.device, dtype: torch.dtype = torch
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: GPTConfig, impl: str = "torch"):
+    def __init__(self, cfg: GPTConfig, impl: str = "torch", recompute_gelu: bool = False):
         super().__init__()
         hidden = cfg.mlp_ratio * cfg.d_model
         self.fc = Linear(cfg.d_model, hidden, bias=cfg.bias)
@@ -54,7 +54,7 @@ class MLP(nn.Module):
         self.proj.is_residual_out = True
         self.dropout = nn.Dropout(cfg.dropout)
         self.impl = impl
-        self.recompute_gelu = cfg.recompute_gelu  # fused only: keep the GELU's input, not its output
+        self.recompute_gelu = recompute_gelu  # fused only: keep the GELU's input, not its output
 
     def forward(self, x):  # (B, T, d) -> (B, T, d)
         if self.impl == "fused":

@@ -59,11 +59,12 @@ def inductor_options(options: Mapping | None) -> dict[str, Any]:
 
 def prepare_compile(train) -> dict[str, Any]:
     """Before an engine's torch.compile (train = cfg.train, with compile on): install the inductor
-    barrier and the persistent-rows rule; return torch.compile's options."""
-    from training import persistent_rows
+    barrier, the bounded fallback message and the persistent-rows rule; return torch.compile's options."""
+    from training import inductor_fallback_log, persistent_rows
     from training.inductor_barrier import install as install_inductor_barrier
 
     install_inductor_barrier()  # a race in inductor's LayerNorm kernels (training/inductor_barrier.py)
+    inductor_fallback_log.install()  # a compile that never ends on deep graphs (training/inductor_fallback_log.py)
     options = inductor_options(train.compile_options)
     persistent_rows.install(train.compile_persistent_rows)  # a torch without the hook leaves no limit
     if persistent_rows.current_limit():

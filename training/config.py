@@ -218,6 +218,9 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     if m.fused_add_norm and not m.norm_saves_output:
         raise ConfigError("model.fused_add_norm=true needs model.norm_saves_output=true (the fused op is the "
                           "output-keeping LayerNorm's): set both, or model.fused_add_norm=false")
+    if m.recompute_gelu_layers < -1:
+        raise ConfigError(f"model.recompute_gelu_layers={m.recompute_gelu_layers}: give how many blocks (the first "
+                          f"ones) rebuild their GELU output, 0 to {m.n_layer}, or -1 for all")
     _choice(cfg.data.format, ("auto", "text", "json", "parquet"), "data.format")
     if not 0.0 < cfg.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction={cfg.data.val_fraction} must be in (0, 1)")

@@ -38,8 +38,8 @@ class NonFiniteError(RuntimeError):
 # model.* keys that choose how the same function is computed, not which weights or function: a run
 # may resume with other values (e.g. model.attention=sdpa after flash, model.residual=fp32, or without
 # the activation-memory options).
-IMPLEMENTATION_KEYS = ("attention", "mlp", "fused_loss", "residual", "recompute_gelu", "norm_saves_output",
-                       "fused_add_norm")
+IMPLEMENTATION_KEYS = ("attention", "mlp", "fused_loss", "residual", "recompute_gelu", "recompute_gelu_layers",
+                       "norm_saves_output", "fused_add_norm")
 
 
 def check_compatible(saved: dict, cfg: Config, path: Path) -> None:

@@ -162,3 +162,12 @@ def test_residual_stream_dtype_under_autocast():
     assert (g16 - g32).norm() < 0.1 * g32.norm()
     with torch.no_grad():  # outside autocast the residual=autocast model (the last built) is fp32
         assert model(idx).dtype == torch.float32
+
+
+@pytest.mark.parametrize("recompute, layers, expected", [
+    (False, -1, [False] * 4), (False, 2, [False] * 4), (True, -1, [True] * 4),
+    (True, 0, [False] * 4), (True, 3, [True, True, True, False]), (True, 9, [True] * 4)])
+def test_recompute_gelu_layers_picks_the_first_blocks(recompute, layers, expected):
+    """model.recompute_gelu_layers: the first that-many blocks rebuild their GELU, the rest keep it."""
+    cfg = GPTConfig(n_layer=4, recompute_gelu=recompute, recompute_gelu_layers=layers)
+    assert [b.mlp.recompute_gelu for b in GPT(cfg).blocks] == expected

@@ -99,15 +99,19 @@ def test_fused_mlp_model_matches_torch_mlp():
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-def test_memory_options_match_the_plain_model(compiled):
+@pytest.mark.parametrize("recompute_layers", [-1, 1])
+def test_memory_options_match_the_plain_model(compiled, recompute_layers):
     """model.recompute_gelu + model.norm_saves_output (the 2.7B-8k config's micro-batch 2 fits an H100
     by them), bf16 residual stream, eager and compiled, against the model without them: same loss,
-    gradients within bf16 rounding."""
+    gradients within bf16 rounding. recompute_layers 1: the first block rebuilds its GELU, the second
+    keeps it (model.recompute_gelu_layers)."""
     cuda = torch.device("cuda")
     base = dict(n_layer=2, d_model=256, n_head=2, vocab_size=512, seq_len=384, residual="autocast")
     torch.manual_seed(0)
     plain = GPT(GPTConfig(**base), device=cuda).cuda()
-    lean = GPT(GPTConfig(**base, recompute_gelu=True, norm_saves_output=True), device=cuda).cuda()
+    lean = GPT(GPTConfig(**base, recompute_gelu=True, recompute_gelu_layers=recompute_layers,
+                         norm_saves_output=True), device=cuda).cuda()
+    assert [b.mlp.recompute_gelu for b in lean.blocks] == ([True, True] if recompute_layers < 0 else [True, False])
     lean.load_state_dict(plain.state_dict())
     with torch.no_grad():  # gains and biases away from their init, as after training
         for p, q in zip(plain.parameters(), lean.parameters()):

@@ -48,6 +48,7 @@ def test_paper_shapes():
     (["model.mlp=swiglu"], "model.mlp"),
     (["model.residual=bf16"], "model.residual"),
     (["model.fused_add_norm=true"], "norm_saves_output=true"),
+    (["model.recompute_gelu_layers=-3"], "or -1 for all"),
     (["model.mlp=fused", "engine.type=deepspeed", "engine.zero_stage=3"], "ZeRO-3"),
     (["train.global_batch_size=10", "train.micro_batch_size=4"], "global_batch_size"),
     (["train.max_steps=0"], "max_steps"),
