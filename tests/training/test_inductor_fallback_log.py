@@ -80,13 +80,13 @@ def test_compiling_a_deep_extern_chain_never_stringifies_ir(monkeypatch):
     monkeypatch.setattr(graph_log, "level", logging.INFO)  # the message is built (torch 2.13 builds it lazily)
     # lower the graph afresh: no cached compile, and the ops not yet known to inductor (a fallback is
     # registered once per op and process)
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
     for op in (torch.ops.fallbacktest.mix.default, torch.ops.fallbacktest.last.default):
         monkeypatch.delitem(lowering.lowerings, op, raising=False)
     torch._dynamo.reset()
     a, b = torch.randn(7, 5), torch.randn(7, 5)
-    got = torch.compile(chain, backend="inductor")(a, b)
+    with torch.compiler.config.patch(force_disable_caches=True), inductor_config.patch(fx_graph_cache=False):
+        got = torch.compile(chain, backend="inductor")(a, b)
+    torch._dynamo.reset()
     torch.testing.assert_close(got, chain(a, b))
     assert messages, "inductor's implicit fallback message was not built: the test checks nothing"
     assert not calls, f"ExternKernel.__str__ ran {len(calls)} times during the compile"
