@@ -19,10 +19,13 @@ from training.allocator import expandable_segments_by_default  # noqa: E402
 
 expandable_segments_by_default()  # before anything touches CUDA
 
+import torch  # noqa: E402
+
 from data.sources import DataError  # noqa: E402
 from training.checkpoint import CheckpointError  # noqa: E402
 from training.config import ConfigError, load_config, validate  # noqa: E402
 from training.distributed import init_distributed  # noqa: E402
+from training.out_of_memory import explain as explain_oom  # noqa: E402
 from training.trainer import NonFiniteError, Trainer  # noqa: E402
 
 # Known errors end the run with one line on stderr and this exit code, no traceback (README
@@ -63,11 +66,18 @@ def main(argv=None) -> int:
         dist = init_distributed(cfg.train.device, cfg.engine.backend)
     except RuntimeError as e:  # e.g. train.device=cuda on a machine without a GPU
         return _fail("device error", e, 2)
+    trainer = None
     try:
-        Trainer.build(cfg, dist).fit()
+        trainer = Trainer.build(cfg, dist)
+        trainer.fit()
     except tuple(cls for cls, _, _ in KNOWN_ERRORS) as e:
         label, code = next((lbl, c) for cls, lbl, c in KNOWN_ERRORS if isinstance(e, cls))
         return _fail(label, e, code)
+    except torch.OutOfMemoryError as e:  # the settings that would fit, not the allocation that failed
+        saved = trainer.checkpointer.complete() if trainer is not None else []
+        return _fail("out of memory", explain_oom(e, cfg, None if trainer is None else trainer.step,
+                                                  dist.world_size, dist.device, cfg.model.num_params(),
+                                                  saved[-1] if saved else None), 2)
     finally:
         dist.shutdown()
     return 0

@@ -8,6 +8,7 @@ Kill points (SIGKILL the whole job: the torchrun agent, every worker, this proce
     ckpt_write   Checkpointer.save(<step>) after the engine's files are written, before client.pt,
                  the manifest and the rename
     ckpt_commit  Checkpointer.save(<step>) after the rename into place, before `latest` is rewritten
+Out of memory (no kill): oom  torch.OutOfMemoryError in step <step>, after its first micro-batch
 Numerical faults (no kill; the trainer must catch them before the optimizer step):
     nan_loss     the loss of step <step> is NaN (and so is every gradient)
     nan_grad     the loss of step <step> is finite but every gradient is NaN
@@ -55,6 +56,13 @@ def kill_job() -> None:
 def maybe_kill(point: str, step: int, rank: int) -> None:
     if active(point, step, rank):
         kill_job()
+
+
+def maybe_oom(step: int, rank: int) -> None:
+    """Raise the error a full GPU raises (tests of the launcher's out-of-memory message)."""
+    if active("oom", step, rank):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB (FLASHGPT_FAULT=oom). "
+                                     "Including non-PyTorch memory, this process has ...")
 
 
 def install_nan_hook(model: torch.nn.Module, current_step: Callable[[], int], rank: int) -> None:

@@ -155,6 +155,8 @@ class Trainer:
         for micro in range(self.accum):
             batch = self.train_loader.next_batch()
             loss_sum += self.engine.forward_backward(batch, sync=micro == self.accum - 1).float()
+            if micro == 0:
+                faults.maybe_oom(self.step + 1, self.dist.rank)  # tests only
         loss = self.dist.all_reduce_mean(loss_sum / self.accum)
         faults.maybe_kill("step", self.step + 1, self.dist.rank)  # tests only
         grad_norm = self._grad_norm()
