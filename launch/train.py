@@ -75,9 +75,12 @@ def main(argv=None) -> int:
         return _fail(label, e, code)
     except torch.OutOfMemoryError as e:  # the settings that would fit, not the allocation that failed
         saved = trainer.checkpointer.complete() if trainer is not None else []
-        return _fail("out of memory", explain_oom(e, cfg, None if trainer is None else trainer.step,
+        code = _fail("out of memory", explain_oom(e, cfg, None if trainer is None else trainer.step,
                                                   dist.world_size, dist.device, cfg.model.num_params(),
                                                   saved[-1] if saved else None), 2)
+        if dist.world_size > 1:  # the other ranks wait in a collective this one will never join: leave
+            _exit_now(code)  # without the process group's teardown (it could wait on them); torchrun
+        return code          # then stops the job
     finally:
         dist.shutdown()
     return 0

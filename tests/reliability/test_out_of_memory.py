@@ -78,3 +78,21 @@ def test_launcher_reports_it_and_the_checkpoint_resumes(tmp_path):
     assert f"resumed from {ckpts[-1]} at step 3" in resumed.stdout + resumed.stderr
     steps = train_runner.losses(out / "oom")
     assert max(steps) == 5 and 4 in steps
+
+
+def test_one_rank_out_of_memory_ends_the_job(tmp_path):
+    """Under torchrun, rank 1 runs out of memory in step 2 while rank 0 waits for it in the gradient
+    all-reduce: rank 1 prints its line and leaves at once, and the job ends (no hang); the checkpoint
+    of step 1 is intact."""
+    out, cache = tmp_path / "runs", tmp_path / "cache"
+    cmd = train_runner.train_cmd(out, cache, "train.max_steps=3", "train.ckpt_interval=1", "train.eval_interval=0",
+                                 "train.run_name=oom2", nproc=2)
+    proc = subprocess.run(cmd, cwd=REPO, env={**train_runner.env(), "FLASHGPT_FAULT": "oom:2:1"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("[rank 1] out of memory:")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert "after 1 completed steps" in lines[0] and "step_00000001, is intact" in lines[0]
+    ckpt = out / "oom2" / "checkpoints" / "step_00000001"
+    assert verify(ckpt) is None
+    assert not (out / "oom2" / "checkpoints" / "step_00000002").exists()
