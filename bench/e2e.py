@@ -322,7 +322,7 @@ def main(argv=None) -> int:
         ratio_best = f"{tf / best[3]:.3f} ({best[0]})" if best else "-"
         # our trainer's figure is its log's (host clocks); the events time the same steps on the GPU:
         # the log's throughput relative to the events' (and the events' tokens/s)
-        agree = (f"{r['event_step_s'] / r['step_s'] - 1:+.2%} ({tokens_per_s(r, 'event_step_s') / 1e3:.1f}k)"
+        agree = (f"{r['event_step_s'] / r['step_s'] - 1:+.2%} ({r['tokens'] / r['event_step_s'] / 1e3:.1f}k)"
                  if r.get("event_step_s") else "-")
         mfu = f"{100 * tf * 1e12 / peak:.1f}%" if peak else "n/a"
         power = (f"{r['gpu_sm_clock_mhz']:.0f} / {r['gpu_power_w']:.0f} / {1e3 * r['gpu_j_per_token']:.1f}"
@@ -336,10 +336,6 @@ def main(argv=None) -> int:
               f"{100 * tf * 1e12 / gemm:.1f}% / {100 * tf * 1e12 / gemm_capped:.1f}% | {mem:.1f} | "
               f"{split} | {busy} | {power} | {agree} | {ratio} | {ratio_best} |")
     return 0
-
-
-def tokens_per_s(r: dict, key: str = "step_s") -> float:
-    return r["tokens"] / r[key]
 
 
 if __name__ == "__main__":
