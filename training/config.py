@@ -104,6 +104,17 @@ class TrainConfig:
     profile_step: int = 0  # profile this optimizer step: Chrome trace + attention/matmul time shares
     keep_last: int = 3  # checkpoints kept
     resume: str = "auto"  # auto | none | path to a checkpoint folder
+    # a checkpoint folder without manifest.json (nothing to verify it against) is refused unless true
+    resume_unverified: bool = False
+    # a fresh run (resume=none, or auto finding nothing usable) into a run folder that holds checkpoints
+    # stops unless true; then the old checkpoints are moved aside to checkpoints-replaced-<UTC time>/
+    overwrite: bool = False
+    # seconds without a finished step (or since start, for the first step) before every rank dumps its
+    # Python stack and the job ends naming the stuck rank (several ranks only; 0 = never)
+    hang_timeout_s: float = 300.0
+    # bit-identical GPU runs: our deterministic attention backward, torch's deterministic algorithms,
+    # a fixed cuBLAS workspace (costs throughput; bench/RESULTS.md)
+    deterministic: bool = False
     compile: bool = False  # torch.compile the model (per block under FSDP2; DeepSpeed's engine.compile)
     # TorchInductor settings for that compile, by torch/_inductor/config.py's names (training/compile_options.py)
     compile_options: Dict[str, Any] = field(default_factory=dict)
@@ -267,6 +278,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"train.max_skipped={t.max_skipped} must be positive")
     if t.compile_persistent_rows < 0:
         raise ConfigError(f"train.compile_persistent_rows={t.compile_persistent_rows} must be >= 0 (0 = inductor decides)")
+    if t.hang_timeout_s < 0:
+        raise ConfigError(f"train.hang_timeout_s={t.hang_timeout_s} must be >= 0 (0 = never)")
     if t.profile_step < 0:
         raise ConfigError(f"train.profile_step={t.profile_step} must be >= 0 (0 = no profiling)")
     if t.eval_interval < 0 or t.ckpt_interval < 0 or t.eval_steps < 0:
