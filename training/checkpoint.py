@@ -1,4 +1,5 @@
-"""Atomic, verified checkpoints with keep-last-k and auto-resume that falls back past damaged ones.
+"""Atomic, verified checkpoints: keep-last-k by write order, auto-resume that falls back past damaged
+ones, and loads that run no code.
 
 Layout under <run_dir>/checkpoints/:
     step_00000100/            one complete checkpoint (never modified after its rename)
@@ -6,18 +7,18 @@ Layout under <run_dir>/checkpoints/:
                               sub-folders), written by engine.save
         client.pt             step, tokens seen, resolved config, W&B run id, world size, format
         rank00000.pt ...      per rank: loader state and RNG states (python, numpy, torch, cuda)
-        manifest.json         size and xxh3-128 hash of every other file in the folder, written last
+        manifest.json         size and hash of every other file, format version, the project version
+                              that wrote it, write sequence number (training/manifest.py); written last
     latest                    text file naming the newest complete checkpoint, written last
-    corrupt-step_*/           damaged checkpoints that auto-resume moved aside (kept for inspection)
+    corrupt-step_*/           checkpoints that failed to verify or load, moved aside by auto-resume
 A save writes into a hidden `.tmp-*` folder, hashes + fsyncs every file, writes the manifest, renames
-the folder into place, then rewrites `latest` (temp + rename) and prunes old ones: a crash at any
-moment leaves the last good checkpoint intact. A failed write (disk full, permissions) removes the
-temp folder and raises CheckpointError on every rank, naming the folder and the cause.
+the folder into place, then rewrites `latest` (temp + rename) and prunes old ones (renamed to
+`.trash-*`, then removed): a crash at any moment leaves the last good checkpoint intact, and the next
+start removes the leftovers. A failed write (disk full, permissions) removes the temp folder and
+raises CheckpointError on every rank, naming the folder and the cause.
 
-Hash: xxh3-128 (the `xxhash` package, a dependency of `datasets`) runs at ~20 GB/s on one core, so
-hashing a multi-GB checkpoint costs a re-read from the page cache plus well under a second per
-10 GB, small beside the write itself; files are hashed in parallel threads. Resume verifies sizes,
-then hashes, on rank 0 only, and broadcasts its choice.
+Our own files (client.pt, rank*.pt, engine.pt of the torch engine) load with weights_only=True: a
+checkpoint is data, and a pickled payload in it fails to load (counted as damage) instead of running.
 """
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ import logging
 import os
 import random
 import shutil
-from concurrent.futures import ThreadPoolExecutor
+import time
 from pathlib import Path
-from typing import Callable, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -36,13 +37,21 @@ import torch.distributed as tdist
 
 from training import faults
 from training.distributed import DistInfo
+from training.manifest import ManifestMissing, fsync_dir, read_manifest, verify, write_manifest
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+# 2: manifest.json carries format_version / written_by / sequence; RNG states are tensors and lists
+FORMAT_VERSION = 2
 POINTER = "latest"
-MANIFEST = "manifest.json"
-CHUNK = 8 << 20  # bytes read per hash update
+
+
+def project_version() -> str:
+    try:
+        from importlib.metadata import version
+        return f"flashgpt {version('flashgpt')}"
+    except Exception:  # not installed (run from a bare checkout)
+        return "flashgpt (uninstalled checkout)"
 
 
 class CheckpointError(RuntimeError):
@@ -54,89 +63,22 @@ class CheckpointNotFound(CheckpointError, FileNotFoundError):
     pass
 
 
-# --- hashing and the manifest ---------------------------------------------------------------------
-def _hasher():
+class IncompatibleCheckpoint(CheckpointError):
+    """An intact checkpoint of another model or data: every checkpoint of the run would say the same,
+    so resume stops instead of falling back."""
+
+
+def load_data(path: Path, map_location="cpu"):
+    """torch.load of one of our checkpoint files with weights_only=True. Format-1 rank files hold
+    numpy's RNG state as a pickled array: numpy's array reconstructors are allowed (data only)."""
     try:
-        import xxhash
-        return "xxh3_128", xxhash.xxh3_128
-    except ImportError:  # a slower fallback, same format
-        import hashlib
-        return "sha256", hashlib.sha256
-
-
-def _hash_file(path: Path, algorithm: str, fsync: bool = False) -> Tuple[int, str]:
-    if algorithm == "xxh3_128":
-        import xxhash
-        h = xxhash.xxh3_128()
-    else:
-        import hashlib
-        h = hashlib.new(algorithm)
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-        if fsync:
-            os.fsync(f.fileno())
-    return size, h.hexdigest()
-
-
-def _files(folder: Path) -> list:
-    """Every file under folder (sub-folders included) except the manifest, as sorted relative paths."""
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_manifest(folder: Path, threads: int = 8) -> None:
-    """Hash (and fsync) every file, then write manifest.json and fsync the folders."""
-    algorithm, _ = _hasher()
-    names = _files(folder)
-    with ThreadPoolExecutor(max(1, min(threads, len(names)))) as pool:
-        results = list(pool.map(lambda n: _hash_file(folder / n, algorithm, fsync=True), names))
-    files = {n: {"size": s, "hash": h} for n, (s, h) in zip(names, results)}
-    with open(folder / MANIFEST, "w") as f:
-        json.dump({"version": 1, "algorithm": algorithm, "files": files}, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    for sub in sorted({(folder / n).parent for n in names} | {folder}, reverse=True):
-        _fsync_dir(sub)
-
-
-def verify(folder: Path, threads: int = 8) -> Optional[str]:
-    """None when every file in the manifest is there with its size and hash; else what is wrong.
-    Checkpoints written before manifests existed pass with a warning (nothing to check against)."""
-    path = folder / MANIFEST
-    if not path.is_file():
-        if (folder / "client.pt").is_file():
-            log.warning(f"{folder} has no {MANIFEST} (written before checksums): loading it unverified")
-            return None
-        return "no client.pt"
-    try:
-        manifest = json.loads(path.read_text())
-        files, algorithm = manifest["files"], manifest["algorithm"]
-    except (ValueError, KeyError, OSError) as e:
-        return f"unreadable {MANIFEST}: {e}"
-    for name, want in files.items():  # sizes first: cheap, and catch truncation
-        try:
-            size = (folder / name).stat().st_size
-        except OSError:
-            return f"{name} is missing"
-        if size != want["size"]:
-            return f"{name} has {size} bytes, the manifest says {want['size']} (truncated?)"
-    names = list(files)
-    with ThreadPoolExecutor(max(1, min(threads, len(names)))) as pool:
-        got = list(pool.map(lambda n: _hash_file(folder / n, algorithm)[1], names))
-    for name, digest in zip(names, got):
-        if digest != files[name]["hash"]:
-            return f"{name} does not match its {algorithm} checksum (corrupted)"
-    return None
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy 1
+        from numpy.core.multiarray import _reconstruct
+    legacy = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), _reconstruct,
+              (_reconstruct, "numpy.core.multiarray._reconstruct")]  # the name numpy 1 pickled
+    with torch.serialization.safe_globals(legacy):
+        return torch.load(path, map_location=map_location, weights_only=True)
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -149,7 +91,11 @@ def _atomic_write_text(path: Path, text: str) -> None:
 
 
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """This process's RNG states as tensors, ints and tuples (loadable with weights_only=True)."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"python": random.getstate(),
+             "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)],
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -157,7 +103,11 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    numpy_state = state["numpy"]
+    if isinstance(numpy_state, (list, tuple)) and isinstance(numpy_state[1], torch.Tensor):
+        name, keys, pos, has_gauss, gauss = numpy_state
+        numpy_state = (name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss)
+    np.random.set_state(numpy_state)  # else a format-1 tuple holding an ndarray
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -172,19 +122,70 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+def on_main(dist: DistInfo, fn: Callable[[], object]):
+    """Run fn on rank 0 and hand its result (or its error, as CheckpointError) to every rank, so no
+    rank waits in a collective that rank 0 will never reach."""
+    if not dist.enabled:
+        return fn()
+    box = [None]
+    if dist.is_main:
+        try:
+            box[0] = ("ok", fn())
+        except Exception as e:
+            box[0] = ("error", (type(e).__name__, str(e) if isinstance(e, CheckpointError) else _describe(e)))
+            tdist.broadcast_object_list(box, src=0)
+            raise
+    tdist.broadcast_object_list(box, src=0)
+    kind, value = box[0]
+    if kind == "error":
+        raise (IncompatibleCheckpoint if value[0] == "IncompatibleCheckpoint" else CheckpointError)(value[1])
+    return value
+
+
 class Checkpointer:
-    def __init__(self, run_dir: Path, keep_last: int, dist: DistInfo):
+    def __init__(self, run_dir: Path, keep_last: int, dist: DistInfo, accept_unverified: bool = False):
         self.root = Path(run_dir) / "checkpoints"
         self.keep_last, self.dist = keep_last, dist
+        self.accept_unverified = accept_unverified  # train.resume_unverified: folders without a manifest
 
     def name(self, step: int) -> str:
         return f"step_{step:08d}"
 
     def complete(self) -> list:
-        """Complete checkpoint folders, oldest first."""
+        """Complete checkpoint folders (renamed into place), oldest first by write sequence."""
         if not self.root.is_dir():
             return []
-        return sorted(p for p in self.root.glob("step_*") if p.is_dir() and (p / "client.pt").is_file())
+        done = [p for p in self.root.glob("step_*") if p.is_dir() and (p / "client.pt").is_file()]
+        return sorted(done, key=lambda p: (self._sequence(p), p.name))
+
+    @staticmethod
+    def _sequence(path: Path) -> int:
+        """The write sequence number from the manifest; -1 for folders without one (they then order by
+        step, before every numbered one)."""
+        try:
+            return int(read_manifest(path).get("sequence", -1))
+        except (ManifestMissing, ValueError, TypeError):
+            return -1
+
+    def _pointer_target(self) -> Optional[Path]:
+        pointer = self.root / POINTER
+        try:
+            name = pointer.read_text().strip()
+        except OSError:
+            return None
+        return self.root / name if name else None
+
+    def remove_leftovers(self) -> List[str]:
+        """Temporary folders of crashed saves and half-removed pruned ones (call with the run folder's
+        lock held: then no other run is writing them). Returns the names removed."""
+        if not self.root.is_dir():
+            return []
+        gone = []
+        for p in sorted(self.root.iterdir()):
+            if p.name.startswith((".tmp-", ".trash-", f".{POINTER}.tmp-")):
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+                gone.append(p.name)
+        return gone
 
     # --- save -------------------------------------------------------------------------------------
     def _any_failed(self, failure: Optional[str]) -> list:
@@ -246,34 +247,55 @@ class Checkpointer:
         def commit():
             if not self.dist.is_main:
                 return
-            write_manifest(tmp)
+            sequence = 1 + max([self._sequence(p) for p in self.complete()], default=0)
+            write_manifest(tmp, {"format_version": FORMAT_VERSION, "written_by": project_version(),
+                                 "sequence": sequence, "step": step})
             if final.exists():  # same step saved by an earlier, abandoned attempt
-                shutil.rmtree(final)
+                self._remove(final)
             os.replace(tmp, final)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
             faults.maybe_kill("ckpt_commit", step, rank)
             _atomic_write_text(self.root / POINTER, final.name + "\n")
-            self._prune()
+            self._prune(final)
 
         for fn in (prepare, write, commit):
             self._phase(fn, final, tmp)
         return final
 
-    def _prune(self) -> None:
-        done = self.complete()
-        for old in done[: max(0, len(done) - self.keep_last)]:
-            shutil.rmtree(old, ignore_errors=True)
+    def _remove(self, path: Path) -> None:
+        """Rename out of the step_* namespace first (atomic), then delete: a crash mid-delete leaves a
+        `.trash-*` folder that the next start removes, never a half-deleted step_* folder."""
+        trash = path.parent / f".trash-{path.name}-{time.time_ns()}"
+        os.replace(path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
 
-    # --- resolve ----------------------------------------------------------------------------------
-    def _candidates(self) -> list:
-        """auto-resume order: the `latest` target, then older complete ones, newest first. Folders
-        newer than `latest` come from a crash between rename and pointer, or an abandoned branch."""
+    def _prune(self, just_written: Path) -> None:
+        """Keep the keep_last newest checkpoints by write sequence (not by step: a run restarted from an
+        earlier step writes smaller step numbers), and always the one just written and the one
+        `latest` names."""
         done = self.complete()
-        pointer = self.root / POINTER
-        if pointer.is_file():
-            target = self.root / pointer.read_text().strip()
-            if target in done:
-                done = done[: done.index(target) + 1]
+        keep = set(done[-self.keep_last:]) | {just_written, self._pointer_target()}
+        for old in done:
+            if old not in keep:
+                self._remove(old)
+
+    # --- resume -----------------------------------------------------------------------------------
+    def _candidates(self) -> list:
+        """auto-resume order: the checkpoint `latest` names, then older ones by write sequence, newest
+        first. Folders written after `latest` come from a crash between the rename and the pointer
+        update (or an abandoned branch): redoing those steps from `latest` gives the same result.
+        Without a usable pointer: every complete folder, newest first, with a warning."""
+        done = self.complete()
+        target = self._pointer_target()
+        if target in done:  # then the older ones (all others when the target's manifest is unreadable)
+            seq = self._sequence(target)
+            older = [p for p in done if p != target and (seq < 0 or self._sequence(p) < seq)]
+            return [target, *older[::-1]]
+        if done:
+            what = f"`{POINTER}` names {target.name}, which is not a complete checkpoint" if target else \
+                f"there is no `{POINTER}` pointer"
+            log.warning(f"{what} in {self.root}: resuming from the newest checkpoint by write order that "
+                        f"verifies, starting with {done[-1].name}")
         return done[::-1]
 
     def _quarantine(self, path: Path) -> str:
@@ -287,70 +309,121 @@ class Checkpointer:
         except OSError as e:
             return f" (could not move it aside: {_describe(e)})"
 
-    def _resolve_main(self, resume: str) -> Optional[Path]:
-        if resume != "auto":
-            path = Path(resume)
+    def _check_folder(self, path: Path) -> Optional[str]:
+        """Rank 0: None when `path` may be loaded, else why it is damaged. The manifest is read before
+        any other file: a newer format is reported with the project version that wrote it. A folder
+        without a manifest stops the run (CheckpointError) unless train.resume_unverified=true."""
+        try:
+            manifest = read_manifest(path)
+        except ManifestMissing:
             if not (path / "client.pt").is_file():
-                raise CheckpointNotFound(f"train.resume={resume}: no checkpoint there (no client.pt); "
-                                         f"point it at a step_* folder or use train.resume=auto")
-            reason = verify(path)
-            if reason:
-                raise CheckpointError(f"train.resume={resume}: {path} is damaged ({reason}); point it at "
-                                      f"another step_* folder, or use train.resume=auto, which falls back "
-                                      f"to the newest intact checkpoint")
-            return path
+                return "no client.pt and no manifest.json: not a checkpoint folder"
+            if self.accept_unverified:
+                log.warning(f"{path} has no manifest.json: loading it unverified (train.resume_unverified=true)")
+                return None
+            raise CheckpointError(
+                f"{path} has no manifest.json, so nothing can verify its files; if it comes from a place you "
+                f"trust (an older version of this project wrote it), rerun with train.resume_unverified=true, "
+                f"else start a new run (train.run_name=...)") from None
+        except ValueError as e:
+            return str(e)
+        fmt = manifest.get("format_version", 1)
+        if not isinstance(fmt, int) or fmt > FORMAT_VERSION:
+            return (f"written by {manifest.get('written_by', 'an unknown version')} in checkpoint format {fmt}, "
+                    f"newer than this checkout's {FORMAT_VERSION}; upgrade this checkout to resume it")
+        return verify(path)
+
+    def _try_load(self, path: Path, engine, check: Callable[[dict, Path], None]):
+        """This rank's load: (("ok", (client, rank_state)) | ("incompatible", msg) | ("damaged", msg))."""
+        try:
+            client = load_data(path / "client.pt")
+            if not isinstance(client, dict):
+                raise ValueError("client.pt does not hold a dict")
+            if client.get("format_version", 0) > FORMAT_VERSION:
+                raise ValueError(f"client.pt has format {client['format_version']} > {FORMAT_VERSION} (a newer "
+                                 f"version wrote it); upgrade this checkout")
+            check(client, path)
+            saved_ranks = client["world_size"]
+            engine.load(path)
+            # Loader positions are global, so any rank's file continues the data order; on a new rank
+            # count, ranks without a file of their own read rank 0's and the trainer re-seeds their RNG.
+            own = path / f"rank{self.dist.rank:05d}.pt"
+            rank_state = load_data(own if saved_ranks == self.dist.world_size else path / "rank00000.pt")
+            rank_state["resharded_from"] = saved_ranks if saved_ranks != self.dist.world_size else None
+            return "ok", (client, rank_state)
+        except IncompatibleCheckpoint as e:
+            return "incompatible", str(e)
+        except Exception as e:  # unpickling refused, truncated, a missing key, a shape mismatch...
+            return "damaged", f"loading it failed: {_describe(e)}"
+
+    def _agree(self, outcome: tuple) -> tuple:
+        """Every rank's load outcome -> one verdict for all: incompatible wins, then damaged."""
+        if not self.dist.enabled:
+            return outcome
+        kinds = [None] * self.dist.world_size
+        tdist.all_gather_object(kinds, outcome[0] if outcome[0] == "ok" else outcome)
+        for kind in ("incompatible", "damaged"):
+            for rank, o in enumerate(kinds):
+                if o != "ok" and o[0] == kind:
+                    return kind, f"rank {rank}: {o[1]}"
+        return outcome
+
+    def resume(self, resume: str, engine, check: Callable[[dict, Path], None] = lambda c, p: None
+               ) -> Optional[Tuple[Path, dict, dict]]:
+        """train.resume: 'none' -> None; 'auto' -> the checkpoint `latest` names, falling back (with a
+        warning naming both) past any that fails to verify or load, or None when there is none; else
+        that path, which must verify and load. Every file read loads as data (weights_only). `check`
+        (the trainer's: same model and data) raises IncompatibleCheckpoint to stop the run.
+        Returns (path, client state, this rank's state)."""
+        if resume == "none":
+            return None
+        explicit = resume != "auto"
+        if explicit and not (Path(resume) / "client.pt").is_file():
+            raise CheckpointNotFound(f"train.resume={resume}: no checkpoint there (no client.pt); point it at "
+                                     f"a step_* folder or use train.resume=auto")
+        candidates = [Path(resume)] if explicit else on_main(self.dist, self._candidates)
         bad = []
-        for path in self._candidates():
-            reason = verify(path)
+        for path in candidates:
+            reason = on_main(self.dist, lambda: self._check_folder(path))
+            loaded = None
             if reason is None:
-                for old, why in bad:
-                    log.warning(f"checkpoint {old} is damaged ({why}); resuming from {path} instead"
-                                + self._quarantine(old))
-                if bad:
-                    _atomic_write_text(self.root / POINTER, path.name + "\n")
-                return path
+                kind, value = self._agree(self._try_load(path, engine, check))
+                if kind == "incompatible":
+                    raise IncompatibleCheckpoint(value)
+                reason, loaded = (value, None) if kind == "damaged" else (None, value)
+            if loaded is not None:
+                if self.dist.is_main:
+                    for old, why in bad:
+                        log.warning(f"checkpoint {old} is damaged ({why}); resuming from {path} instead"
+                                    + self._quarantine(old))
+                    if bad:
+                        _atomic_write_text(self.root / POINTER, path.name + "\n")
+                return (path, *loaded)
+            if explicit:
+                raise CheckpointError(f"train.resume={resume}: {path} is damaged ({reason}); point it at another "
+                                      f"step_* folder, or use train.resume=auto, which falls back to the newest "
+                                      f"intact checkpoint")
             bad.append((path, reason))
-        if bad:
-            raise CheckpointError(f"no intact checkpoint in {self.root} ("
-                                  + "; ".join(f"{p.name}: {r}" for p, r in bad)
-                                  + "); start over with train.resume=none or a new train.run_name")
+        if bad:  # left in place: a fix (an upgrade, a restored file) may make them load
+            raise CheckpointError(
+                f"no intact checkpoint in {self.root} (" + "; ".join(f"{p.name}: {r}" for p, r in bad)
+                + "). Nothing was changed: to start this run over, rerun with train.resume=none "
+                  "train.overwrite=true (the old files are moved to a dated folder), or choose a new "
+                  "train.run_name")
         return None
 
     def resolve(self, resume: str) -> Optional[Path]:
-        """train.resume: 'none' -> None; 'auto' -> the newest intact checkpoint (falling back past
-        damaged ones, with a warning) or None; else that path (verified). Rank 0 decides for all."""
+        """The checkpoint train.resume would pick, verified but not loaded (tests, tools)."""
         if resume == "none":
             return None
-        if not self.dist.enabled:
-            return self._resolve_main(resume)
-        box = [None]
-        if self.dist.is_main:
-            try:
-                path = self._resolve_main(resume)
-                box[0] = ("ok", None if path is None else str(path))
-            except Exception as e:  # tell the other ranks, or they wait in the broadcast forever
-                box[0] = ("error", str(e) if isinstance(e, CheckpointError) else _describe(e))
-                tdist.broadcast_object_list(box, src=0)
-                raise
-        tdist.broadcast_object_list(box, src=0)
-        kind, value = box[0]
-        if kind == "error":
-            raise CheckpointError(value)
-        return None if value is None else Path(value)
-
-    # --- load -------------------------------------------------------------------------------------
-    def load(self, path: Path, engine) -> Tuple[dict, dict]:
-        """Load engine state; return (client_state, this rank's state)."""
-        client = torch.load(path / "client.pt", map_location="cpu", weights_only=False)
-        if client.get("format_version", 0) > FORMAT_VERSION:
-            raise CheckpointError(f"{path} was written by a newer version (format "
-                                  f"{client['format_version']} > {FORMAT_VERSION}); upgrade this checkout")
-        saved_ranks = client["world_size"]
-        engine.load(path)
-        # Loader positions are global, so any rank's file continues the data order; on a new rank
-        # count, ranks without a file of their own read rank 0's and the trainer re-seeds their RNG.
-        own = path / f"rank{self.dist.rank:05d}.pt"
-        rank_file = own if saved_ranks == self.dist.world_size else path / "rank00000.pt"
-        rank_state = torch.load(rank_file, map_location="cpu", weights_only=False)
-        rank_state["resharded_from"] = saved_ranks if saved_ranks != self.dist.world_size else None
-        return client, rank_state
+        if resume != "auto":
+            if not (Path(resume) / "client.pt").is_file():
+                raise CheckpointNotFound(f"train.resume={resume}: no checkpoint there (no client.pt)")
+            reason = self._check_folder(Path(resume))
+            if reason:
+                raise CheckpointError(f"train.resume={resume}: {resume} is damaged ({reason})")
+            return Path(resume)
+        for path in self._candidates():
+            if self._check_folder(path) is None:
+                return path
+        return None

@@ -18,6 +18,7 @@ from typing import Dict
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from training.checkpoint import load_data
 from training.config import Config, grad_accum_steps
 from training.distributed import DistInfo
 from training.grad_allreduce import ReduceAsWritten, all_reduce_grads, broadcast_from_rank0
@@ -250,7 +251,7 @@ class TorchEngine(Engine):
             torch.save(self.state_dict(), Path(directory) / "engine.pt")
 
     def load(self, directory: Path) -> None:
-        state = torch.load(Path(directory) / "engine.pt", map_location=self.device, weights_only=False)
+        state = load_data(Path(directory) / "engine.pt", map_location=self.device)
         self.load_state_dict(state)
 
 

@@ -14,6 +14,7 @@ from typing import Dict
 
 import torch
 
+from training.checkpoint import load_data
 from training.config import Config
 from training.deepspeed_config import deepspeed_config
 from training.distributed import DistInfo, ensure_process_group
@@ -155,15 +156,20 @@ class DeepSpeedEngine(Engine):
         return {"grad_norm": norm, "lr": lr}
 
     def _to_universal(self, directory: Path, saved: int) -> str:
-        """Rank 0 converts <directory>/deepspeed (sharded over `saved` ranks) once into
-        <directory>/deepspeed_universal; every rank then loads that. Returns the tag to load."""
+        """Rank 0 converts <directory>/deepspeed (sharded over `saved` ranks) into
+        <directory>/deepspeed_universal; every rank then loads that. Returns the tag to load. The
+        conversion is rebuilt at each such resume from the shards the manifest just verified (the
+        manifest does not cover it: training/manifest.py DERIVED), so no file added later is loaded."""
+        import shutil
+
         import torch.distributed as tdist
 
         out = directory / UNIVERSAL_TAG
-        if self.dist.is_main and not out.is_dir():
+        if self.dist.is_main:
             logging.getLogger(__name__).warning(
                 "ZeRO checkpoint %s was sharded over %d ranks, this run has %d: converting it to a "
-                "DeepSpeed universal checkpoint (%s), once", directory, saved, self.dist.world_size, out)
+                "DeepSpeed universal checkpoint (%s)", directory, saved, self.dist.world_size, out)
+            shutil.rmtree(out, ignore_errors=True)
             convert_to_universal(directory / TAG, out)
         if tdist.is_available() and tdist.is_initialized():
             tdist.barrier()
@@ -199,5 +205,5 @@ class DeepSpeedEngine(Engine):
             path, _ = self.ds.load_checkpoint(str(directory), tag=TAG, load_lr_scheduler_states=False)
         if path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint under {directory}/{TAG}")
-        state = torch.load(Path(directory) / "schedule.pt", map_location="cpu", weights_only=False)
+        state = load_data(Path(directory) / "schedule.pt")
         self.scheduler.load_state_dict(state["scheduler"])

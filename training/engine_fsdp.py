@@ -15,6 +15,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from training.checkpoint import load_data
 from training.config import Config, grad_accum_steps
 from training.distributed import DistInfo, ensure_process_group
 from training.engine import TorchEngine, autocast_dtype
@@ -69,5 +70,5 @@ class FSDPEngine(TorchEngine):
         dcp.load(state, checkpoint_id=str(Path(directory) / "dcp"))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
-        sched = torch.load(Path(directory) / "schedule.pt", map_location="cpu", weights_only=False)
+        sched = load_data(Path(directory) / "schedule.pt")
         self.scheduler.load_state_dict(sched["scheduler"])

@@ -119,14 +119,16 @@ class RunLogger:
         except Exception as e:  # not installed, or broken install
             self._warn_once("wandb", e)
             return
+        # W&B writes its run folders under <dir>/wandb/: dir = the run folder gives
+        # <run_dir>/wandb/offline-run-*, the path README's `wandb sync` names; its caches go beside them.
         wdir = self.run_dir / "wandb"
         wdir.mkdir(parents=True, exist_ok=True)
-        for var, sub in (("WANDB_DIR", ""), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config"),
-                         ("WANDB_DATA_DIR", "data")):
-            os.environ[var] = str(wdir / sub) if sub else str(wdir)
+        os.environ["WANDB_DIR"] = str(self.run_dir)
+        for var, sub in (("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config"), ("WANDB_DATA_DIR", "data")):
+            os.environ[var] = str(wdir / sub)
         self.wandb_id = self.wandb_id or new_run_id()
         kwargs = dict(project=self.cfg.logging.project, name=self.cfg.train.run_name, id=self.wandb_id,
-                      resume="allow", config=_config_dict(self.cfg), dir=str(wdir),
+                      resume="allow", config=_config_dict(self.cfg), dir=str(self.run_dir),
                       settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))
         try:
             run = wandb.init(mode=mode, **kwargs)
@@ -144,7 +146,38 @@ class RunLogger:
         self._wandb = run
         for name, summary in WANDB_SUMMARIES.items():
             self._guard("wandb", run.define_metric, name, summary=summary)
-        self.info(f"W&B run {self.wandb_id} ({getattr(run.settings, 'mode', mode)}) in {wdir}")
+        actual = getattr(run.settings, "mode", mode)
+        self.info(f"W&B run {self.wandb_id} ({actual}) in {wdir}")
+        if self.start_step > 0:
+            self._guard("wandb", self._log_lost_history, run, actual)
+
+    def _log_lost_history(self, run, mode: str) -> None:
+        """On resume: log again the steps up to the checkpoint that metrics.jsonl has and the W&B run
+        lacks (a crash loses what W&B's service had buffered: training/wandb_history.py). Offline, the
+        run's own files say which steps it holds; online, the server's next step bounds them."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.is_file():
+            return
+        if mode == "offline":
+            from training.wandb_history import logged_steps
+            have, floor = logged_steps(self.run_dir / "wandb", self.wandb_id), 0
+        else:
+            have, floor = set(), int(getattr(run, "starting_step", 0) or 0)
+        lost: Dict[int, dict] = {}
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            step = rec.pop("step", None)
+            rec.pop("time", None)
+            if isinstance(step, int) and floor <= step <= self.start_step and step not in have:
+                lost.setdefault(step, {}).update(rec)
+        for step in sorted(lost):
+            run.log(lost[step], step=step)
+        if lost:
+            self.info(f"W&B: logged {len(lost)} steps again ({min(lost)}-{max(lost)}) that the run lacked "
+                      f"after an interrupted run; metrics.jsonl had them")
 
     # --- public API ---------------------------------------------------------------------------
     def should_log(self, step: int) -> bool:

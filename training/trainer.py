@@ -18,7 +18,8 @@ from data.prepare import prepare
 from model.config import GPTConfig
 from model.gpt import GPT
 from training import faults
-from training.checkpoint import CheckpointError, Checkpointer, rng_state, set_rng_state
+from training.checkpoint import (CheckpointError, Checkpointer, IncompatibleCheckpoint, on_main, rng_state,
+                                 set_rng_state)
 from training.config import Config, grad_accum_steps, save_resolved, to_dict, zero3_partitions_modules
 from training.distributed import DistInfo
 from training.engine import TorchEngine, autocast_dtype, build_engine
@@ -26,6 +27,7 @@ from training.logging import RunLogger
 from training.gpu_telemetry import GpuTelemetry
 from training.metrics import DeferredScalars, ThroughputMeter, memory_stats, peak_flops
 from training.profiling import profile_call
+from training.run_folder import RunLock, move_aside
 from training.signals import StopSignal
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,7 @@ def check_compatible(saved: dict, cfg: Config, path: Path) -> None:
     diff = {k: (then.get(k), now.get(k)) for k in sorted(set(then) | set(now))
             if k not in IMPLEMENTATION_KEYS and then.get(k) != now.get(k)}
     if diff:
-        raise CheckpointError(f"{path} holds a model of another shape ({diff}, saved vs now); resume with "
+        raise IncompatibleCheckpoint(f"{path} holds a model of another shape ({diff}, saved vs now); resume with "
                               f"the same model.* settings or start a new run (train.run_name=...)")
 
 
@@ -62,7 +64,8 @@ class Trainer:
         self.run_dir = Path(cfg.train.out_dir) / cfg.train.run_name
         self.accum = grad_accum_steps(cfg, dist.world_size)
         self.tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_len
-        self.checkpointer = Checkpointer(self.run_dir, cfg.train.keep_last, dist)
+        self.checkpointer = Checkpointer(self.run_dir, cfg.train.keep_last, dist, cfg.train.resume_unverified)
+        self._lock: Optional[RunLock] = None  # rank 0's lock on the run folder, held by fit()
         self.step, self.tokens_seen, self.wandb_id = 0, 0, None
         self.skipped_steps = self.consecutive_skips = 0  # non-finite steps: in total, in a row now
         faults.install_nan_hook(engine.model, lambda: self.step + 1, dist.rank)  # tests only
@@ -105,17 +108,19 @@ class Trainer:
         rank_state = {"loader": self.train_loader.state_dict(), "rng": rng_state()}
         return self.checkpointer.save(self.step, self.engine, client, rank_state)
 
-    def maybe_resume(self) -> Optional[Path]:
-        path = self.checkpointer.resolve(self.cfg.train.resume)
-        if path is None:
-            return None
-        client = torch.load(path / "client.pt", map_location="cpu", weights_only=False)
+    def _check_resumable(self, client: dict, path: Path) -> None:
+        """Same model (shapes and function) and same data as this run, else IncompatibleCheckpoint."""
         check_compatible(client["config"], self.cfg, path)
         if client["data"]["tokenizer_hash"] != self.data_meta["tokenizer_hash"]:
-            raise CheckpointError(f"{path} was trained with another tokenizer ({client['data']['tokenizer_hash']}"
-                               f" vs {self.data_meta['tokenizer_hash']}); resume with the same data.* "
-                               f"settings or start a new run")
-        client, rank_state = self.checkpointer.load(path, self.engine)
+            raise IncompatibleCheckpoint(f"{path} was trained with another tokenizer ({client['data']['tokenizer_hash']}"
+                                         f" vs {self.data_meta['tokenizer_hash']}); resume with the same data.* "
+                                         f"settings or start a new run")
+
+    def maybe_resume(self) -> Optional[Path]:
+        found = self.checkpointer.resume(self.cfg.train.resume, self.engine, self._check_resumable)
+        if found is None:
+            return None
+        path, client, rank_state = found
         self.step, self.tokens_seen = client["step"], client["tokens_seen"]
         self.wandb_id = client.get("wandb_id")
         self.skipped_steps = client.get("skipped_steps", 0)
@@ -129,6 +134,47 @@ class Trainer:
         else:
             set_rng_state(rank_state["rng"])
         return path
+
+    # --- the run folder ---------------------------------------------------------------------------
+    def _take_run_folder(self) -> None:
+        """Rank 0: lock the run folder (one run at a time), then remove leftovers of crashed saves."""
+        self._lock = RunLock(self.run_dir).acquire()
+        gone = self.checkpointer.remove_leftovers()
+        if gone:
+            log.info(f"removed leftovers of an interrupted save or prune in {self.checkpointer.root}: {', '.join(gone)}")
+
+    def _starts_afresh(self) -> bool:
+        """Whether this start ignores the run folder's own checkpoints: train.resume=none, or a path
+        outside this run's checkpoints folder."""
+        resume = self.cfg.train.resume
+        if resume == "auto":
+            return False
+        if resume == "none":
+            return True
+        root = self.checkpointer.root.resolve()
+        return root not in Path(resume).resolve().parents
+
+    def _clear_for_fresh_start(self) -> None:
+        """Rank 0: a fresh run into a folder that holds checkpoints stops, or with train.overwrite=true
+        moves the old run's files aside first (pruning would otherwise delete them, and `latest` would
+        mix two runs)."""
+        old = self.checkpointer.complete()
+        if not old:
+            return
+        if not self.cfg.train.overwrite:
+            raise CheckpointError(
+                f"run folder {self.run_dir} already holds checkpoints ({', '.join(p.name for p in old[-3:])}) and "
+                f"train.resume={self.cfg.train.resume} starts a new run there: choose a new train.run_name, or "
+                f"train.resume=auto to continue the old run, or train.overwrite=true to move the old run's files "
+                f"to {self.run_dir}/replaced-<time>/ first")
+        aside = move_aside(self.run_dir)
+        log.warning(f"train.overwrite=true: moved the old run's files ({len(old)} checkpoints, metrics, W&B) "
+                    f"from {self.run_dir} to {aside}")
+
+    def _release_run_folder(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     # --- the loop ---------------------------------------------------------------------------------
     @torch.no_grad()
@@ -216,9 +262,27 @@ class Trainer:
                                  f"cannot skip a step (it has no skip_step()), so the run stops here")
 
     def fit(self) -> None:
-        cfg, t = self.cfg, self.cfg.train
+        """Take the run folder (lock, leftovers), resume or start afresh, train. The lock is released
+        however the run ends."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        resumed = self.maybe_resume()
+        try:
+            on_main(self.dist, self._take_run_folder)
+            if self._starts_afresh():
+                on_main(self.dist, self._clear_for_fresh_start)
+            resumed = self.maybe_resume()
+            if resumed is not None and self.step >= self.cfg.train.max_steps:
+                if self.dist.is_main:
+                    log.warning(f"nothing to train: {resumed} is at step {self.step} and train.max_steps="
+                                f"{self.cfg.train.max_steps}. To train further, rerun with a larger "
+                                f"train.max_steps (e.g. train.max_steps={2 * self.cfg.train.max_steps}); to "
+                                f"start over, train.resume=none train.overwrite=true or a new train.run_name")
+                return
+            self._train(resumed)
+        finally:
+            self._release_run_folder()
+
+    def _train(self, resumed: Optional[Path]) -> None:
+        cfg, t = self.cfg, self.cfg.train
         if self.dist.is_main:
             save_resolved(cfg, self.run_dir / "config.yaml")
         peak, peak_src = peak_flops(self.dist.device)

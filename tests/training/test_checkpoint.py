@@ -33,7 +33,7 @@ def test_save_keep_last_and_pointer(tmp_path):
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_00000030"
     assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
     eng = FakeEngine()
-    client, rank = ck.load(ck.resolve("auto"), eng)
+    _, client, rank = ck.resume("auto", eng)
     assert client["step"] == 30 and client["tokens_seen"] == 150 and rank["loader"]["pos"] == 30
     assert torch.equal(eng.w, torch.full((3,), 30.0))
 
@@ -66,20 +66,18 @@ def test_resave_same_step_replaces(tmp_path):
     ck.save(10, FakeEngine(1), {}, {})
     ck.save(10, FakeEngine(2), {}, {})
     eng = FakeEngine()
-    ck.load(ck.resolve("auto"), eng)
+    ck.resume("auto", eng)
     assert eng.w[0].item() == 2.0
 
 
-def test_newer_format_is_refused_and_other_world_size_is_marked(tmp_path):
+def test_other_world_size_is_marked(tmp_path):
     ck = Checkpointer(tmp_path, keep_last=3, dist=DistInfo())
     path = ck.save(1, FakeEngine(), {}, {})
-    client = torch.load(path / "client.pt", weights_only=False)
+    client = torch.load(path / "client.pt")
     torch.save({**client, "world_size": 4}, path / "client.pt")
-    _, rank_state = ck.load(path, FakeEngine())  # every engine reshards; the trainer is told
+    ckmod.write_manifest(path, json.loads((path / "manifest.json").read_text()))
+    _, _, rank_state = ck.resume("auto", FakeEngine())  # every engine reshards; the trainer is told
     assert rank_state["resharded_from"] == 4
-    torch.save({**client, "format_version": 99}, path / "client.pt")
-    with pytest.raises(RuntimeError, match="newer"):
-        ck.load(path, FakeEngine())
 
 
 def test_rng_round_trip():
@@ -145,16 +143,15 @@ def test_damaged_newest_falls_back_with_a_warning(tmp_path, caplog, damage, word
     else:
         (newest / "manifest.json").write_text("{not json")
     assert re.search(words, verify(newest))
+    eng = FakeEngine()
     with caplog.at_level(logging.WARNING):
-        path = ck.resolve("auto")
+        path, client, _ = ck.resume("auto", eng)
     assert path.name == "step_00000020"
     msg = caplog.text
     assert "step_00000030 is damaged" in msg and "resuming from" in msg and "step_00000020" in msg
     # moved aside (pruning and the next resume ignore it), pointer rewritten, older one loads
     assert not newest.exists() and (tmp_path / "checkpoints" / "corrupt-step_00000030").is_dir()
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_00000020"
-    eng = FakeEngine()
-    client, _ = ck.load(path, eng)
     assert client["step"] == 20 and eng.w[0].item() == 20.0
 
 
@@ -163,11 +160,12 @@ def test_falls_back_through_several_and_fails_when_none_is_intact(tmp_path):
     for step in (30, 20):
         with open(tmp_path / "checkpoints" / f"step_{step:08d}" / "engine.pt", "r+b") as f:
             f.truncate(10)
-    assert ck.resolve("auto").name == "step_00000010"
+    assert ck.resume("auto", FakeEngine())[0].name == "step_00000010"
     with open(tmp_path / "checkpoints" / "step_00000010" / "rank00000.pt", "r+b") as f:
         f.truncate(10)
-    with pytest.raises(CheckpointError, match="no intact checkpoint.*step_00000010: rank00000.pt.*resume=none"):
-        ck.resolve("auto")
+    with pytest.raises(CheckpointError, match="no intact checkpoint.*step_00000010: rank00000.pt.*"
+                                              "resume=none train.overwrite=true"):
+        ck.resume("auto", FakeEngine())
 
 
 def test_explicit_damaged_path_is_refused(tmp_path):
@@ -175,7 +173,7 @@ def test_explicit_damaged_path_is_refused(tmp_path):
     path = tmp_path / "checkpoints" / "step_00000020"
     (path / "rank00000.pt").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="step_00000020 is damaged.*rank00000.pt.*resume=auto"):
-        ck.resolve(str(path))
+        ck.resume(str(path), FakeEngine())
 
 
 def test_pointer_wins_over_a_newer_folder(tmp_path):
@@ -186,12 +184,15 @@ def test_pointer_wins_over_a_newer_folder(tmp_path):
     assert ck.resolve("auto").name == "step_00000020"
 
 
-def test_checkpoint_without_manifest_loads_unverified(tmp_path, caplog):
+def test_checkpoint_without_manifest_is_refused_unless_asked(tmp_path, caplog):
     ck = three(tmp_path)
     (tmp_path / "checkpoints" / "step_00000030" / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match="step_00000030 has no manifest.json.*train.resume_unverified=true"):
+        ck.resume("auto", FakeEngine())
+    unverified = Checkpointer(tmp_path, keep_last=3, dist=DistInfo(), accept_unverified=True)
     with caplog.at_level(logging.WARNING):
-        assert ck.resolve("auto").name == "step_00000030"
-    assert "no manifest.json" in caplog.text
+        assert unverified.resume("auto", FakeEngine())[0].name == "step_00000030"
+    assert "no manifest.json" in caplog.text and "unverified" in caplog.text
 
 
 def _enospc(*args, **kwargs):

@@ -145,7 +145,7 @@ def test_resume_on_fewer_ranks_continues_the_curve(tmp_path, cache_dir, straight
 @pytest.mark.parametrize("engine, saved_on, resumed_on", [("zero2", 2, 1), ("zero1", 1, 2), ("zero3", 2, 1)])
 def test_zero_resume_on_another_rank_count_via_universal_checkpoint(tmp_path, cache_dir, straight, engine,
                                                                     saved_on, resumed_on):
-    """ZeRO-1/2/3 shards are converted once (deepspeed_universal/ beside the checkpoint's own files)
+    """ZeRO-1/2/3 shards are converted (deepspeed_universal/ beside the checkpoint's own files)
     and loaded on the new rank count; the curve continues as the uninterrupted 2-rank run's (ZeRO-3
     drifted by 5e-4 in three steps before repair_universal_load)."""
     run(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=u", "train.stop_after=3",
