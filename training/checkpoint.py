@@ -25,9 +25,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import random
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
@@ -77,7 +79,8 @@ def load_data(path: Path, map_location="cpu"):
         from numpy.core.multiarray import _reconstruct
     legacy = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), _reconstruct,
               (_reconstruct, "numpy.core.multiarray._reconstruct")]  # the name numpy 1 pickled
-    with torch.serialization.safe_globals(legacy):
+    with torch.serialization.safe_globals(legacy), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected pickle protocol")  # a refused foreign pickle
         return torch.load(path, map_location=map_location, weights_only=True)
 
 
@@ -114,12 +117,17 @@ def set_rng_state(state: dict) -> None:
 
 
 def _describe(e: BaseException) -> str:
-    """'ENOSPC: No space left on device: /path' for OS errors; 'Type: message' otherwise."""
+    """'ENOSPC: No space left on device: /path' for OS errors; 'Type: first line of the message'
+    otherwise (torch's unpickling errors run to a page)."""
     if isinstance(e, OSError) and e.errno:
         import errno
         where = f": {e.filename}" if e.filename else ""
         return f"{errno.errorcode.get(e.errno, e.errno)}: {e.strerror}{where}"
-    return f"{type(e).__name__}: {e}"
+    if isinstance(e, pickle.UnpicklingError) and "weights_only" in str(e):
+        return ("UnpicklingError: it holds objects other than tensors and plain data, which "
+                "torch.load(weights_only=True) refuses without running them")
+    first = next((line for line in str(e).splitlines() if line.strip()), "")
+    return f"{type(e).__name__}: {first}"
 
 
 def on_main(dist: DistInfo, fn: Callable[[], object]):

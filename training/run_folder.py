@@ -23,13 +23,15 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from training.checkpoint import CheckpointError
+
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".lock"
 
 
-class RunFolderBusy(RuntimeError):
-    """Another live process holds the run folder's lock."""
+class RunFolderBusy(CheckpointError):
+    """Another live process holds the run folder's lock (reported as a checkpoint error: exit 2)."""
 
 
 def _describe(holder: dict) -> str:
