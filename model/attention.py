@@ -106,6 +106,9 @@ class CausalSelfAttention(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.backend = backend
         self.rotary = cfg.pos_emb == "rope"
+        # our kernel's backward adds dQ in a fixed order (bit-repeatable, slower); set from outside
+        # (training/determinism.py) for train.deterministic
+        self.deterministic = False
 
     def forward(self, x: torch.Tensor, rope_cache=None, cu_seqlens=None, max_seqlen=None):
         B, T, C = x.shape  # (batch, seq, d_model)
@@ -116,7 +119,8 @@ class CausalSelfAttention(nn.Module):
             import kernels
 
             packed = qkv.view(B, T, self.n_head + 2 * self.n_kv_head, self.head_dim)
-            y = kernels.flash_attn_qkvpacked_func(packed, n_kv_heads=self.n_kv_head, causal=True)  # (B, T, H, D)
+            y = kernels.flash_attn_qkvpacked_func(packed, n_kv_heads=self.n_kv_head, causal=True,
+                                                  deterministic=self.deterministic)  # (B, T, H, D)
             return self.dropout(self.proj(y.reshape(B, T, C)))
         q, k, v = qkv.split([C, kv_dim, kv_dim], dim=-1)
         q = q.view(B, T, self.n_head, self.head_dim)  # (B, T, H, D)
@@ -134,11 +138,11 @@ class CausalSelfAttention(nn.Module):
         import kernels
 
         if cu_seqlens is None:
-            return kernels.flash_attn_func(q, k, v, causal=True)
+            return kernels.flash_attn_func(q, k, v, causal=True, deterministic=self.deterministic)
         B, T = q.shape[:2]
         y = kernels.flash_attn_varlen_func(
             q.reshape(B * T, *q.shape[2:]), k.reshape(B * T, *k.shape[2:]), v.reshape(B * T, *v.shape[2:]),
-            cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True)
+            cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True, deterministic=self.deterministic)
         return y.view(B, T, *y.shape[1:])
 
     def _torch(self, q, k, v, cu_seqlens):

@@ -21,6 +21,7 @@ from training import faults
 from training.checkpoint import (CheckpointError, Checkpointer, IncompatibleCheckpoint, on_main, rng_state,
                                  set_rng_state)
 from training.config import Config, grad_accum_steps, save_resolved, to_dict, zero3_partitions_modules
+from training.determinism import make_deterministic
 from training.distributed import DistInfo
 from training.engine import TorchEngine, autocast_dtype, build_engine
 from training.logging import RunLogger
@@ -94,6 +95,8 @@ class Trainer:
         if zero3_partitions_modules(cfg) and model_cfg.mlp == "auto":  # the fused MLP reads fc / proj
             model_cfg = dataclasses.replace(model_cfg, mlp="torch")  # weights ZeRO-3 has not gathered
         model = GPT(model_cfg, device=dist.device, attention_dtype=attention_dtype)
+        if t.deterministic:
+            log.info(f"train.deterministic: {make_deterministic(model)}")
         engine = build_engine(model, cfg, dist)
         torch.manual_seed(t.seed + 1000 * dist.rank)  # per-rank stream for dropout
         meta = {"tokenizer_hash": prepared.tokenizer_hash, "vocab_size": prepared.vocab_size,
