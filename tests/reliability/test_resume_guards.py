@@ -83,7 +83,7 @@ def test_tampered_checkpoint_runs_no_code_and_resume_falls_back(tmp_path, cache_
         def __reduce__(self):
             return (os.system, (f"touch {marker}",))
 
-    client = torch.load(newest / "client.pt")
+    client = torch.load(newest / "client.pt", weights_only=True)
     with open(newest / "client.pt", "wb") as f:
         pickle.dump({**client, "x": Payload()}, f)
     facts = {k: v for k, v in json.loads((newest / "manifest.json").read_text()).items()

@@ -21,7 +21,7 @@ class FakeEngine:
         torch.save({"w": self.w}, Path(d) / "engine.pt")
 
     def load(self, d: Path):
-        self.w = torch.load(Path(d) / "engine.pt")["w"]
+        self.w = torch.load(Path(d) / "engine.pt", weights_only=True)["w"]
 
 
 def test_save_keep_last_and_pointer(tmp_path):
@@ -73,7 +73,7 @@ def test_resave_same_step_replaces(tmp_path):
 def test_other_world_size_is_marked(tmp_path):
     ck = Checkpointer(tmp_path, keep_last=3, dist=DistInfo())
     path = ck.save(1, FakeEngine(), {}, {})
-    client = torch.load(path / "client.pt")
+    client = torch.load(path / "client.pt", weights_only=True)
     torch.save({**client, "world_size": 4}, path / "client.pt")
     ckmod.write_manifest(path, json.loads((path / "manifest.json").read_text()))
     _, _, rank_state = ck.resume("auto", FakeEngine())  # every engine reshards; the trainer is told
