@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import sys
@@ -116,11 +117,9 @@ def _build(cfg, sources, tok, spec, root: Path, final: Path, model_vocab_size: i
     tmp = root / f".tmp-{final.name}-{socket.gethostname()}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    (tmp / ".owner").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
     try:
         meta = _write(cfg, sources, tok, spec, root, tmp, model_vocab_size, shard_tokens)
         meta["key"] = final.name
-        (tmp / ".owner").unlink()
         write_meta(tmp, meta)  # last: a folder with a valid meta.json is complete
         if final.exists() and read_meta(final) is None:  # an incomplete folder under our key
             shutil.rmtree(final, ignore_errors=True)
@@ -204,15 +203,20 @@ def _encoded_chunks(ds, tok, eos: int, num_proc: int):
         yield pc.list_flatten(table["ids"]).to_numpy()
 
 
+# The temp folders _build makes: .tmp-<16-hex cache key>-<host>-<pid>
+OWN_TMP = re.compile(r"^\.tmp-[0-9a-f]{16}-(?P<host>.+)-(?P<pid>\d+)$")
+
+
 def _clean_stale(root: Path) -> None:
-    """Remove temp folders left by crashed builds: ours whose process is gone, others' after a day."""
+    """Remove temp folders left by crashed builds, and only those (the cache folder may be shared):
+    a folder is ours when its name has _build's pattern; one of this host is removed once its
+    process is gone, one of another host after STALE_TMP_S without a change."""
     for tmp in root.glob(".tmp-*"):
-        try:
-            owner = json.loads((tmp / ".owner").read_text())
-        except (OSError, ValueError):
-            owner = {}
-        if owner.get("host") == socket.gethostname():
-            dead = not _pid_alive(int(owner.get("pid", -1)))
+        mine = OWN_TMP.match(tmp.name)
+        if mine is None or not tmp.is_dir():
+            continue
+        if mine["host"] == socket.gethostname():
+            dead = not _pid_alive(int(mine["pid"]))
         else:
             dead = time.time() - tmp.stat().st_mtime > STALE_TMP_S
         if dead:
