@@ -125,3 +125,22 @@ def test_wandb_holds_every_step_of_metrics_after_a_sigkill(tmp_path, cache_dir):
     assert folders and all(f.name.startswith("offline-run-") for f in folders)
     run_id = folders[0].name.rsplit("-", 1)[1]
     assert logged_steps(run / "wandb", run_id) == want
+
+
+def test_two_ranks_fall_back_together_when_one_rank_cannot_load(tmp_path, cache_dir):
+    """Rank 1's file of the newest checkpoint is garbage behind a recomputed manifest: rank 0 loads its
+    own files fine, so only the ranks' agreement makes both fall back to the same older checkpoint."""
+    run = tmp_path / "tiny_cpu"
+    cmd = ft.command(tmp_path, cache_dir, "tiny_cpu", 4, nproc=2, extra=["train.ckpt_interval=2"])
+    proc = subprocess.run(cmd, cwd=ft.REPO, env=ft.environment(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    newest = run / "checkpoints" / "step_00000004"
+    (newest / "rank00001.pt").write_bytes(b"not a torch file")
+    facts = {k: v for k, v in json.loads((newest / "manifest.json").read_text()).items()
+             if k not in ("version", "algorithm", "files")}
+    write_manifest(newest, facts)
+    cmd = ft.command(tmp_path, cache_dir, "tiny_cpu", 6, nproc=2, extra=["train.ckpt_interval=2"])
+    proc = subprocess.run(cmd, cwd=ft.REPO, env=ft.environment(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "rank 1: loading it failed" in proc.stderr and "resuming from" in proc.stderr, proc.stderr[-4000:]
+    assert proc.stderr.count("at step 2") >= 1, proc.stderr[-4000:]
