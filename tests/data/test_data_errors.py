@@ -63,7 +63,7 @@ def test_unknown_extension(tmp_path):
 def test_wrong_text_field(tmp_path, small_corpus):
     with pytest.raises(DataError, match=r"column 'body' not found.*\['text', 'id'\].*data.text_field"):
         prepare(data_cfg(tmp_path, [small_corpus], text_field="body"), 512)
-    with pytest.raises(DataError, match="not text"):
+    with pytest.raises(DataError, match="line 1 of .*docs.jsonl holds a JSON number in 'id', not a string"):
         prepare(data_cfg(tmp_path, [small_corpus], text_field="id"), 512)
 
 
