@@ -19,8 +19,8 @@ from data.sources import DataError
 EOS = "<|endoftext|>"
 EOS_ALIASES = (EOS, "</s>", "<eos>", "<|end_of_text|>")  # accepted in a loaded tokenizer.json
 MIN_VOCAB = 257  # 256 byte tokens + EOS
-PIECE_CHARS = 1 << 20  # a document longer than this is encoded in pieces of at most this many characters
-BATCH_CHARS = 8 << 20  # characters per encode_batch call: its Encodings take ~100 bytes per token
+PIECE_CHARS = 1 << 18  # a document longer than this is encoded in pieces of at most this many characters
+BATCH_CHARS = 1 << 20  # characters per encode_batch call: its Encodings take ~100 bytes per token
 _SEAM = re.compile(r"[ \t\n\r](?=\S)")  # where `pieces` may cut: before this whitespace character
 
 
@@ -73,25 +73,26 @@ def encode_docs(tok: Tokenizer, texts: List[str], eos: int) -> List[np.ndarray]:
     add. Encoded in calls of at most BATCH_CHARS characters (a long document alone, in pieces), each
     call's Encodings dropped as soon as their ids are copied out."""
     out: List[np.ndarray] = []
-    group: List[str] = []
+    group: List[str] = []  # short documents not encoded yet, in order
     size = 0
-    for t in texts + [None]:  # None: flush the last group
-        if t is None or (group and size + len(t) > BATCH_CHARS):
-            out += [_ids(e) for e in tok.encode_batch(group, add_special_tokens=False)] if group else []
+    for t in texts:
+        if group and (size + len(t) > BATCH_CHARS or len(t) > PIECE_CHARS):
+            out += [_ids(e) for e in tok.encode_batch(group, add_special_tokens=False)]
             group, size = [], 0
-        if t is None:
-            break
         if len(t) > PIECE_CHARS:
             out.append(np.concatenate(list(encode_long(tok, t))))
         else:
             group.append(t)
             size += len(t)
+    if group:
+        out += [_ids(e) for e in tok.encode_batch(group, add_special_tokens=False)]
     return [np.append(ids, np.int32(eos)) for ids in out]
 
 
-def encode_long(tok: Tokenizer, text: str, piece_chars: int = PIECE_CHARS) -> Iterator[np.ndarray]:
+def encode_long(tok: Tokenizer, text: str, piece_chars: Optional[int] = None) -> Iterator[np.ndarray]:
     """int32 ids of one long document, piece by piece (see `pieces`); the memory held is a few groups
     of pieces' Encodings, not the whole document's."""
+    piece_chars = piece_chars or PIECE_CHARS
     group: List[str] = []
     for piece in pieces(text, piece_chars):
         group.append(piece)
@@ -135,5 +136,5 @@ def batches(ds, size: int = 1000) -> Iterator[List[str]]:
     for i in range(0, len(ds), size):
         out: List[str] = []
         for t in ds[i:i + size]["text"]:
-            out += pieces(t) if len(t) > PIECE_CHARS else [t]
+            out += pieces(t, PIECE_CHARS) if len(t) > PIECE_CHARS else [t]
         yield out
