@@ -82,12 +82,12 @@ def _json_problem(path: Path, field: str) -> Optional[str]:
             if not line.strip():
                 continue  # blank lines are skipped by the loader too
             try:
-                row = json.loads(line)
+                row = json.loads(line.rstrip("\r\n"))
             except ValueError as e:
                 col = getattr(e, "colno", None)
-                return (f"line {lineno} of {path} is not JSON ({getattr(e, 'msg', e)}"
-                        f"{f' at column {col}' if col else ''}); fix or delete that line (JSON lines: "
-                        f"one object per line)")
+                what = getattr(e, "msg", str(e)).removesuffix(" at")
+                return (f"line {lineno} of {path} is not JSON ({what}{f' at column {col}' if col else ''}); "
+                        f"fix or delete that line (JSON lines: one object per line)")
             msg = _row_problem(row, field, f"line {lineno} of {path}")
             if msg:
                 return msg
