@@ -71,7 +71,7 @@ def _json_problem(path: Path, field: str) -> Optional[str]:
         head = f.read(CHUNK).lstrip()
     if head.startswith(b"["):
         return _json_array_problem(path, field)
-    offset = 0
+    offset, rows = 0, 0
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             try:
@@ -91,6 +91,9 @@ def _json_problem(path: Path, field: str) -> Optional[str]:
             msg = _row_problem(row, field, f"line {lineno} of {path}")
             if msg:
                 return msg
+            rows += 1
+    if rows == 0:
+        return f"{path} holds only blank lines; remove it from data.source or write documents into it"
     return None
 
 

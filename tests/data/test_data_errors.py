@@ -120,6 +120,21 @@ def _lines(docs, bad_at: int, bad: bytes) -> bytes:
     return b"".join(rows)
 
 
+def _parquet_bytes(texts) -> bytes:
+    """A parquet file with a string column "text" holding these raw bytes (no UTF-8 check on write)."""
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    offsets = np.cumsum([0] + [len(t) for t in texts]).astype(np.int32)
+    col = pa.Array.from_buffers(pa.string(), len(texts), [None, pa.py_buffer(offsets.tobytes()),
+                                                          pa.py_buffer(b"".join(texts))])
+    out = io.BytesIO()
+    pq.write_table(pa.table({"text": col}), out)
+    return out.getvalue()
+
+
 DOCS = random_docs(12, seed=2)
 BAD_FILES = {  # name -> (bytes, what the one error line must say)
     "latin1.txt": ("caf\xe9 au lait\nsecond line".encode("latin-1"),
@@ -139,6 +154,9 @@ BAD_FILES = {  # name -> (bytes, what the one error line must say)
     "list.json": (json.dumps([{"text": d} for d in DOCS] + [{"title": "x"}]).encode(),
                   r"element 12 of the JSON array in .*list.json has no 'text' field"),
     "random.parquet": (bytes(range(256)) * 16, r"random.parquet is not a parquet file \(Parquet magic bytes"),
+    "latin1.parquet": (_parquet_bytes([d.encode() for d in DOCS[:3]] + [b"caf\xe9"]),
+                       r"row 3 of .*latin1.parquet holds invalid UTF-8 in column 'text'"),
+    "blank.jsonl": (b"\n  \n\n", r"blank.jsonl holds only blank lines"),
 }
 
 
