@@ -24,8 +24,11 @@ def problem(files: Iterable[str], kind: str, field: str) -> Optional[str]:
     """The first problem found in `files` of format `kind` (text | json | parquet), or None."""
     for f in files:
         path = Path(f)
-        msg = (empty(path, kind) or {"text": _text_problem, "json": _json_problem,
-                                     "parquet": _parquet_problem}[kind](path, field))
+        try:
+            msg = (empty(path, kind) or {"text": _text_problem, "json": _json_problem,
+                                         "parquet": _parquet_problem}[kind](path, field))
+        except OSError as e:  # unreadable (permissions, I/O error, removed meanwhile)
+            msg = f"cannot read {path} ({e.strerror or e}); fix its permissions or remove it from data.source"
         if msg:
             return msg
     return None

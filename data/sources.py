@@ -141,6 +141,8 @@ def _load_local(kind: str, files: List[str], field: str, entry: str, cache_dir: 
     quiet.setLevel(logging.CRITICAL)
     try:
         ds = datasets.load_dataset(kind, data_files=files, split="train", cache_dir=cache_dir, **kwargs)
+    except MemoryError:
+        raise
     except Exception as e:  # datasets wraps the cause (DatasetGenerationError, StopIteration, ...)
         msg = file_checks.problem(files, kind, field)
         if msg is None:  # nothing found by our own scan: name the files and the innermost cause
