@@ -50,21 +50,20 @@ def _utf8_error(path: Path, err: UnicodeDecodeError, offset: int, line: int) -> 
 def _text_problem(path: Path, field: str) -> Optional[str]:
     """Invalid UTF-8 anywhere in the file: offset and line of the first bad byte."""
     decoder = codecs.getincrementaldecoder("utf-8")()
-    pos = 0  # bytes of the file before `data`
+    pos, lines = 0, 1  # bytes of the file before `data`; the line `data` starts in
     with open(path, "rb") as f:
         while True:
             data = f.read(CHUNK)
-            pending = decoder.getstate()[0]  # bytes of a character cut by the previous read
+            pending = decoder.getstate()[0]  # bytes of a character cut by the previous read (no b"\n")
             try:
                 decoder.decode(data, final=not data)
             except UnicodeDecodeError as e:
-                offset = pos - len(pending) + e.start
-                with open(path, "rb") as g:  # count lines up to the bad byte (already read once)
-                    before = g.read(offset)
-                return _utf8_error(path, e, offset, before.count(b"\n") + 1)
+                start = e.start - len(pending)  # in `data`; negative when the cut character is bad
+                return _utf8_error(path, e, pos + start, lines + data.count(b"\n", 0, max(start, 0)))
             if not data:
                 return None
             pos += len(data)
+            lines += data.count(b"\n")
 
 
 def _json_problem(path: Path, field: str) -> Optional[str]:

@@ -218,3 +218,16 @@ def test_cached_shards_with_ids_beyond_the_model(tmp_path, small_corpus, max_id)
     with pytest.raises(DataError, match=rf"shards in {p.dir} record max token id {max_id!r}.*"
                                         rf"model.vocab_size=512.*delete {p.dir} to rebuild"):
         prepare(cfg, 512)
+
+
+@pytest.mark.parametrize("data, offset, line", [
+    (b"ab\ncd\nef\ngh\nij\xff", 14, 5),
+    ("ab\ncd\n\u00e9\u00e9\u00e9".encode() + b"\xc3\nx", 12, 3),
+    ("abcdef\u00e9".encode() + b"\xc3\n", 8, 1),  # a character cut by the read, then a bad one
+])
+def test_utf8_offset_and_line_across_reads(tmp_path, monkeypatch, data, offset, line):
+    from data import file_checks
+    monkeypatch.setattr(file_checks, "CHUNK", 7)
+    (tmp_path / "t.txt").write_bytes(data)
+    msg = file_checks.problem([str(tmp_path / "t.txt")], "text", "text")
+    assert f"at byte offset {offset} (line {line})" in msg
