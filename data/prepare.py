@@ -4,7 +4,9 @@
 
 Steps: resolve `data.source` (data/sources.py), load documents with `datasets`, split them into
 train/val by a hash of each document's text, train a byte-level BPE on train (or load a
-tokenizer.json), encode every document + EOS, and stream the ids into shards (data/shards.py).
+tokenizer.json), encode every document + EOS, and stream the ids into shards (data/shards.py). A long
+document is encoded in pieces (data/tokenizer.py `pieces`), one longer than STREAM_CHARS in this
+process with its ids written as they come, so memory does not grow with a document's length.
 
 Cache: the output folder is `cache_dir/<key>`, key = hash of (each source file's path, size, mtime;
 tokenizer setting; split and format settings; FORMAT_VERSION). It is written as a hidden temporary
