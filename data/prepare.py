@@ -4,7 +4,9 @@
 
 Steps: resolve `data.source` (data/sources.py), load documents with `datasets`, split them into
 train/val by a hash of each document's text, train a byte-level BPE on train (or load a
-tokenizer.json), encode every document + EOS, and stream the ids into shards (data/shards.py).
+tokenizer.json), encode every document + EOS, and stream the ids into shards (data/shards.py). A long
+document is encoded in pieces (data/tokenizer.py `pieces`), one longer than STREAM_CHARS in this
+process with its ids written as they come, so memory does not grow with a document's length.
 
 Cache: the output folder is `cache_dir/<key>`, key = hash of (each source file's path, size, mtime;
 tokenizer setting; split and format settings; FORMAT_VERSION). It is written as a hidden temporary
@@ -36,6 +38,8 @@ from data.shards import (FORMAT_VERSION, SHARD_TOKENS, ShardWriter, dtype_for, r
 from data.sources import DataError, load_documents, resolve_path, resolve_sources, signature
 
 log = logging.getLogger(__name__)
+STREAM_CHARS = 16 << 20  # a document longer than this is tokenized in the main process, ids streamed out
+NO_IDS = np.zeros(0, dtype=np.int32)
 MIN_DOCS_PER_PROC = 256  # below this many documents per worker, extra processes cost more than they save
 STALE_TMP_S = 24 * 3600  # a temp folder of another host is removed after this long
 
@@ -93,6 +97,7 @@ def prepare(cfg, model_vocab_size: int, *, shard_tokens: int = SHARD_TOKENS) -> 
         meta = read_meta(final)
         log.info("prepared %s in %.1f s", final, time.time() - t0)
     _check_model_vocab(meta["vocab_size"], model_vocab_size)
+    _check_max_id(final, meta, model_vocab_size)
     return PreparedData.from_meta(final, meta)
 
 
@@ -109,6 +114,16 @@ def _check_model_vocab(vocab: int, model_vocab_size: int) -> None:
     if model_vocab_size < vocab:
         raise DataError(f"the tokenizer has {vocab} tokens but model.vocab_size={model_vocab_size}; "
                         f"raise model.vocab_size to >= {vocab} (a multiple of 64 is fastest)")
+
+
+def _check_max_id(folder: Path, meta: dict, model_vocab_size: int) -> None:
+    """The largest id in the shards (meta.json records it) must be an embedding row of the model."""
+    max_id = meta.get("max_token_id")
+    if not isinstance(max_id, int) or not 0 <= max_id < min(model_vocab_size, meta["vocab_size"]):
+        raise DataError(f"the token shards in {folder} record max token id {max_id!r} (meta.json "
+                        f"max_token_id), but ids must be < model.vocab_size={model_vocab_size} and < the "
+                        f"tokenizer's {meta['vocab_size']}: the folder is damaged or from another "
+                        f"tokenizer; delete {folder} to rebuild it")
 
 
 # --- building ---------------------------------------------------------------------------------------
@@ -147,11 +162,7 @@ def _write(cfg, sources, tok, spec, root: Path, tmp: Path, model_vocab_size: int
     splits, max_id = {}, -1
     for name, ds in (("train", train), ("val", val)):
         writer = ShardWriter(tmp, name, dtype, shard_tokens)
-        for ids in _encoded_chunks(ds, tok, eos, cfg.num_proc):
-            if ids.size and int(ids.max()) >= vocab:
-                raise DataError(f"the tokenizer produced id {int(ids.max())} >= its vocab size {vocab}; "
-                                f"its tokenizer.json is inconsistent (ids must be < vocab size); fix or "
-                                f"replace it, or set data.tokenizer=train")
+        for ids in _encoded_chunks(ds, tok, eos, vocab, cfg.num_proc):
             writer.write(ids)
         splits[name] = {"n_tokens": writer.n_tokens, "n_docs": len(ds), "shards": writer.close()}
         max_id = max(max_id, writer.max_id)
@@ -184,23 +195,55 @@ def _doc_units(batch: dict) -> dict:
     return {"_u": [int.from_bytes(d, "little") / 2.0 ** 64 for d in h]}
 
 
-def _encode_batch(batch: dict, tok, eos: int) -> dict:
-    return {"ids": toklib.encode_docs(tok, batch["text"], eos)}
+def _check_ids(ids: np.ndarray, vocab: int) -> np.ndarray:
+    if ids.size and int(ids.max()) >= vocab:
+        raise DataError(f"the tokenizer produced id {int(ids.max())} >= its vocab size {vocab}; "
+                        f"its tokenizer.json is inconsistent (ids must be < vocab size); fix or "
+                        f"replace it, or set data.tokenizer=train")
+    return ids
 
 
-def _encoded_chunks(ds, tok, eos: int, num_proc: int):
+def _encode_batch(batch: dict, tok, eos: int, vocab: int) -> dict:
+    """ids per document (runs in the map's worker processes); a document longer than STREAM_CHARS
+    gets no ids here (a real document has at least its EOS): `_encoded_chunks` streams it."""
+    texts = batch["text"]
+    enc = iter(toklib.encode_docs(tok, [t for t in texts if len(t) <= STREAM_CHARS], eos))
+    return {"ids": [_check_ids(next(enc), vocab) if len(t) <= STREAM_CHARS else NO_IDS for t in texts]}
+
+
+def _encoded_chunks(ds, tok, eos: int, vocab: int, num_proc: int):
     """Yield flat int arrays of token ids (documents in order, EOS after each), tokenized in parallel:
-    `datasets.map` worker processes for large corpora, the tokenizer's own threads always."""
+    `datasets.map` worker processes for large corpora, the tokenizer's own threads always. A document
+    longer than STREAM_CHARS is tokenized here piece by piece and its ids yielded as they come, so
+    memory stays bounded however long it is."""
     import datasets
     import pyarrow.compute as pc
     nproc = num_proc if num_proc > 1 and len(ds) >= MIN_DOCS_PER_PROC * num_proc else None
     if nproc:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # processes replace Rust threads
-    enc = ds.map(functools.partial(_encode_batch, tok=tok, eos=eos), batched=True, batch_size=256,
-                 num_proc=nproc, remove_columns=ds.column_names,
+    enc = ds.map(functools.partial(_encode_batch, tok=tok, eos=eos, vocab=vocab), batched=True,
+                 batch_size=256, num_proc=nproc, remove_columns=ds.column_names,
                  features=datasets.Features({"ids": datasets.Sequence(datasets.Value("int32"))}))
-    for table in enc.with_format("arrow").iter(batch_size=4096):
-        yield pc.list_flatten(table["ids"]).to_numpy()
+    row = 0  # index in ds of the table's first row
+    for table in enc.with_format("arrow").iter(batch_size=1024):
+        ids = table["ids"]
+        start = 0
+        for j in np.flatnonzero(pc.list_value_length(ids).to_numpy(zero_copy_only=False) == 0):
+            if j > start:
+                yield from _flat(ids.slice(start, j - start))
+            for piece in toklib.encode_long(tok, ds[row + int(j)]["text"]):
+                yield _check_ids(piece, vocab)
+            yield np.array([eos], dtype=np.int32)
+            start = j + 1
+        if start < table.num_rows:
+            yield from _flat(ids.slice(start))
+        row += table.num_rows
+
+
+def _flat(ids) -> list:
+    """The ids of a ChunkedArray of lists, one numpy array per chunk (views of the Arrow buffers)."""
+    import pyarrow.compute as pc
+    return [pc.list_flatten(c).to_numpy() for c in ids.chunks if len(c)]
 
 
 # The temp folders _build makes: .tmp-<16-hex cache key>-<host>-<pid>

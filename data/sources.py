@@ -9,6 +9,7 @@ A *document* is one unit the trainer separates with EOS:
 """
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +126,46 @@ def _load_hub(source: Source, field: str, cache_dir: str, num_proc: int):
     return _text_column(ds, field, f"hub dataset {source.hub}")
 
 
+def _load_local(kind: str, files: List[str], field: str, entry: str, cache_dir: str):
+    """One format's files of a source as a dataset with the column "text". A file that cannot be
+    read, or holds rows that are not documents, is a DataError naming the file and the line."""
+    import datasets
+    from data import file_checks
+    for f in files:
+        msg = file_checks.empty(Path(f), kind)
+        if msg:
+            raise DataError(msg)
+    kwargs = {"sample_by": "document", "keep_linebreaks": True} if kind == "text" else {}
+    quiet = logging.getLogger("datasets")  # its builders log the raw parse error: we report it below
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        ds = datasets.load_dataset(kind, data_files=files, split="train", cache_dir=cache_dir, **kwargs)
+    except MemoryError:
+        raise
+    except Exception as e:  # datasets wraps the cause (DatasetGenerationError, StopIteration, ...)
+        msg = file_checks.problem(files, kind, field)
+        if msg is None:  # nothing found by our own scan: name the files and the innermost cause
+            while (e.__cause__ or e.__context__) is not None:
+                e = e.__cause__ or e.__context__
+            first = str(e).splitlines()[0] if str(e) else ""
+            names = ", ".join(files) if len(files) <= 3 else f"{files[0]} ... ({len(files)} files)"
+            msg = (f"cannot load {names} as {kind} ({type(e).__name__}: {first}); check that the files "
+                   f"are valid {kind}, or set data.format")
+        raise DataError(msg) from None
+    finally:
+        quiet.setLevel(level)
+    try:
+        ds = _text_column(ds, field, entry)
+    except DataError:  # the column is there but not text (numbers in some JSON lines): name the line
+        msg = file_checks.problem(files, kind, field) if field in ds.column_names else None
+        if msg is None:
+            raise
+        raise DataError(msg) from None
+    file_checks.check_loaded(ds, files, kind, field)
+    return ds
+
+
 def load_documents(sources: Sequence[Source], fmt: str, field: str, cache_dir: str, num_proc: int):
     """All documents as one `datasets.Dataset` with a single string column "text"; empty ones dropped."""
     import datasets
@@ -137,9 +178,7 @@ def load_documents(sources: Sequence[Source], fmt: str, field: str, cache_dir: s
         for f in s.files:
             groups.setdefault(file_format(f, fmt), []).append(str(f))
         for kind, files in groups.items():
-            kwargs = {"sample_by": "document", "keep_linebreaks": True} if kind == "text" else {}
-            ds = datasets.load_dataset(kind, data_files=files, split="train", cache_dir=cache_dir, **kwargs)
-            parts.append(_text_column(ds, "text" if kind == "text" else field, s.entry))
+            parts.append(_load_local(kind, files, "text" if kind == "text" else field, s.entry, cache_dir))
     ds = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
     ds = ds.filter(_non_empty, batched=True)
     if len(ds) == 0:

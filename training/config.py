@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from model.config import GPTConfig
@@ -153,7 +153,22 @@ def find_config_file(name: str) -> Path:
     raise ConfigError(f"config file '{name}' not found (looked in . and {CONFIG_DIR}); known: {known}")
 
 
+def _listify(schema: DictConfig, other: Any) -> None:
+    """A plain string where the schema holds a list is a one-element list (data.source=some/folder)."""
+    if not isinstance(other, DictConfig):
+        return
+    for key in list(other.keys()):
+        if key not in schema or OmegaConf.is_interpolation(other, key):
+            continue
+        want, got = schema.get(key), other.get(key)
+        if isinstance(want, ListConfig) and isinstance(got, str):
+            other[key] = [got]
+        elif isinstance(want, DictConfig):
+            _listify(want, got)
+
+
 def _merge(schema: DictConfig, other: Any, what: str) -> DictConfig:
+    _listify(schema, other)
     try:
         return OmegaConf.merge(schema, other)
     except OmegaConfBaseException as e:

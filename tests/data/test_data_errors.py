@@ -1,4 +1,5 @@
 """Every data error names the problem and the fix, in one message."""
+import json
 import os
 import subprocess
 import sys
@@ -63,7 +64,7 @@ def test_unknown_extension(tmp_path):
 def test_wrong_text_field(tmp_path, small_corpus):
     with pytest.raises(DataError, match=r"column 'body' not found.*\['text', 'id'\].*data.text_field"):
         prepare(data_cfg(tmp_path, [small_corpus], text_field="body"), 512)
-    with pytest.raises(DataError, match="not text"):
+    with pytest.raises(DataError, match="line 1 of .*docs.jsonl holds a JSON number in 'id', not a string"):
         prepare(data_cfg(tmp_path, [small_corpus], text_field="id"), 512)
 
 
@@ -91,18 +92,142 @@ def test_model_vocab_too_small(tmp_path, small_corpus):
         prepare(data_cfg(tmp_path, [small_corpus], tokenizer=str(tmp_path / "tok.json")), 300)
 
 
-def test_token_id_beyond_vocab(tmp_path, small_corpus):
+def _gap_tokenizer(tmp_path, docs) -> str:
     """A tokenizer.json whose ids exceed the size it reports (WordLevel with a gap)."""
-    words = sorted({w for d in random_docs(30, seed=1) for w in d.split()})
+    words = sorted({w for d in docs for w in d.split()})
     vocab = {toklib.EOS: 0, "[UNK]": 1, **{w: i + 2 for i, w in enumerate(words)}}
     vocab[words[0]] = 60_000  # reported size stays len(vocab)
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(str(tmp_path / "gap.json"))
+    return str(tmp_path / "gap.json")
+
+
+def test_token_id_beyond_vocab(tmp_path, small_corpus):
+    tok = _gap_tokenizer(tmp_path, random_docs(30, seed=1))
     with pytest.raises(DataError, match="produced id 60000 >= its vocab size .*inconsistent"):
-        prepare(data_cfg(tmp_path, [small_corpus], tokenizer=str(tmp_path / "gap.json")), 65_536)
+        prepare(data_cfg(tmp_path, [small_corpus], tokenizer=tok), 65_536)
 
 
 def test_empty_source_list(tmp_path):
     with pytest.raises(DataError, match="data.source is empty"):
         sources.resolve_sources([], "auto")
+
+
+def _lines(docs, bad_at: int, bad: bytes) -> bytes:
+    rows = [json.dumps({"text": d}).encode() + b"\n" for d in docs]
+    rows[bad_at] = bad + b"\n"
+    return b"".join(rows)
+
+
+def _parquet_bytes(texts) -> bytes:
+    """A parquet file with a string column "text" holding these raw bytes (no UTF-8 check on write)."""
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    offsets = np.cumsum([0] + [len(t) for t in texts]).astype(np.int32)
+    col = pa.Array.from_buffers(pa.string(), len(texts), [None, pa.py_buffer(offsets.tobytes()),
+                                                          pa.py_buffer(b"".join(texts))])
+    out = io.BytesIO()
+    pq.write_table(pa.table({"text": col}), out)
+    return out.getvalue()
+
+
+DOCS = random_docs(12, seed=2)
+BAD_FILES = {  # name -> (bytes, what the one error line must say)
+    "latin1.txt": ("caf\xe9 au lait\nsecond line".encode("latin-1"),
+                   r"latin1.txt is not UTF-8 text: byte 0xe9 at byte offset 3 \(line 1\).*iconv"),
+    "latin1.jsonl": (_lines(DOCS, 4, b'{"text": "na\xefve"}'),
+                     r"latin1.jsonl is not UTF-8 text: byte 0xef at byte offset \d+ \(line 5\).*UTF-8"),
+    "empty.jsonl": (b"", r"empty.jsonl is empty \(0 bytes\); remove it from data.source"),
+    "broken.jsonl": (_lines(DOCS, 6, b'{"text": "unterminated'),
+                     r"line 7 of .*broken.jsonl is not JSON \(Unterminated string.*column 10\)"),
+    "prose.jsonl": (_lines(DOCS, 2, b"just some words"), r"line 3 of .*prose.jsonl is not JSON"),
+    "array.jsonl": (_lines(DOCS, 8, b'["a", "b"]'),
+                    r"line 9 of .*array.jsonl is a JSON array, not an object with a 'text' field"),
+    "nofield.jsonl": (_lines(DOCS, 5, b'{"body": "x", "id": 5}'),
+                      r"line 6 of .*nofield.jsonl has no 'text' field \(its keys: body, id\).*data.text_field"),
+    "number.jsonl": (_lines(DOCS, 1, b'{"text": 17}'),
+                     r"line 2 of .*number.jsonl holds a JSON number in 'text', not a string"),
+    "list.json": (json.dumps([{"text": d} for d in DOCS] + [{"title": "x"}]).encode(),
+                  r"element 12 of the JSON array in .*list.json has no 'text' field"),
+    "random.parquet": (bytes(range(256)) * 16, r"random.parquet is not a parquet file \(Parquet magic bytes"),
+    "latin1.parquet": (_parquet_bytes([d.encode() for d in DOCS[:3]] + [b"caf\xe9"]),
+                       r"row 3 of .*latin1.parquet holds invalid UTF-8 in column 'text'"),
+    "blank.jsonl": (b"\n  \n\n", r"blank.jsonl holds only blank lines"),
+}
+
+
+@pytest.mark.parametrize("alone", [True, False])
+@pytest.mark.parametrize("name", sorted(BAD_FILES))
+def test_bad_source_file_is_one_data_error(tmp_path, name, alone):
+    """A file datasets cannot read (or reads wrongly) ends in one DataError naming it and the place,
+    alone or among good files of the same folder; nothing is published in the cache."""
+    folder = tmp_path / "src"
+    folder.mkdir()
+    if not alone:
+        if name == "number.jsonl":
+            pytest.skip("loaded with a good .jsonl, datasets casts the number to the string '17'")
+        write_jsonl(folder / "good.jsonl", random_docs(10, seed=3))
+        (folder / "good.txt").write_text(random_docs(1, seed=4)[0])
+    data, pattern = BAD_FILES[name]
+    (folder / name).write_bytes(data)
+    with pytest.raises(DataError, match=pattern) as err:
+        prepare(data_cfg(tmp_path, [folder]), 512)
+    assert "\n" not in str(err.value) and str(folder / name) in str(err.value)
+    assert [p.name for p in (tmp_path / "cache").iterdir() if p.name != "hf"] == []
+
+
+def test_null_text_is_an_empty_document(tmp_path):
+    src = tmp_path / "nulls.jsonl"
+    src.write_bytes(_lines(DOCS, 3, b'{"text": null}'))
+    assert sum(prepare(data_cfg(tmp_path, [src]), 512).n_docs.values()) == len(DOCS) - 1
+
+
+def test_bad_file_with_tokenizer_processes(tmp_path):
+    """Enough documents for data.num_proc=2 worker processes: still the same one line."""
+    src = tmp_path / "many.jsonl"
+    src.write_bytes(_lines(random_docs(1000, seed=5, words=(5, 20)), 950, b'{"text": "\xff"}'))
+    with pytest.raises(DataError, match=r"many.jsonl is not UTF-8 text: .*\(line 951\)"):
+        prepare(data_cfg(tmp_path, [src], num_proc=2), 512)
+
+
+def test_error_in_a_tokenizer_process_is_one_data_error(tmp_path):
+    """The id check runs in the data.num_proc worker processes; its DataError reaches the caller."""
+    src = write_jsonl(tmp_path / "many.jsonl", random_docs(1000, seed=6, words=(5, 20)))
+    tok = _gap_tokenizer(tmp_path, random_docs(1000, seed=6, words=(5, 20)))
+    with pytest.raises(DataError, match="produced id 60000 >= its vocab size .*inconsistent"):
+        prepare(data_cfg(tmp_path, [src], tokenizer=tok, num_proc=2), 65_536)
+
+
+@pytest.mark.parametrize("max_id", [600, "damaged", None])
+def test_cached_shards_with_ids_beyond_the_model(tmp_path, small_corpus, max_id):
+    """meta.json's max_token_id is checked against model.vocab_size when a run reuses the cache."""
+    cfg = data_cfg(tmp_path, [small_corpus])
+    p = prepare(cfg, 512)
+    meta = json.loads((p.dir / "meta.json").read_text())
+    assert 0 < meta["max_token_id"] < p.vocab_size
+    meta["vocab_size"] = 512  # as if written with a larger tokenizer, or edited
+    if max_id is None:
+        del meta["max_token_id"]
+    else:
+        meta["max_token_id"] = max_id
+    (p.dir / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=rf"shards in {p.dir} record max token id {max_id!r}.*"
+                                        rf"model.vocab_size=512.*delete {p.dir} to rebuild"):
+        prepare(cfg, 512)
+
+
+@pytest.mark.parametrize("data, offset, line", [
+    (b"ab\ncd\nef\ngh\nij\xff", 14, 5),
+    ("ab\ncd\n\u00e9\u00e9\u00e9".encode() + b"\xc3\nx", 12, 3),
+    ("abcdef\u00e9".encode() + b"\xc3\n", 8, 1),  # a character cut by the read, then a bad one
+])
+def test_utf8_offset_and_line_across_reads(tmp_path, monkeypatch, data, offset, line):
+    from data import file_checks
+    monkeypatch.setattr(file_checks, "CHUNK", 7)
+    (tmp_path / "t.txt").write_bytes(data)
+    msg = file_checks.problem([str(tmp_path / "t.txt")], "text", "text")
+    assert f"at byte offset {offset} (line {line})" in msg

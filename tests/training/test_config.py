@@ -20,6 +20,15 @@ def test_merge_order_base_then_file_then_overrides():
     assert cfg.model.n_layer == 4  # from tiny_cpu.yaml
 
 
+def test_a_plain_string_for_data_source_is_a_one_element_list(tmp_path):
+    assert load_config("tiny_cpu.yaml", ["data.source=some/folder"]).data.source == ["some/folder"]
+    assert load_config("tiny_cpu.yaml", ["data.source=/x/a.jsonl"]).data.source == ["/x/a.jsonl"]
+    p = tmp_path / "mine.yaml"
+    p.write_text("data:\n  source: my/folder\n")
+    assert load_config(str(p)).data.source == ["my/folder"]
+    assert load_config(str(p), ["data.source=[a,b]"]).data.source == ["a", "b"]
+
+
 def test_config_by_name_without_suffix_and_by_path(tmp_path):
     assert load_config("tiny_cpu").model.n_layer == 4
     p = tmp_path / "mine.yaml"
