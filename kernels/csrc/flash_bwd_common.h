@@ -72,7 +72,7 @@ __device__ __forceinline__ void load_q_block(const Flash_bwd_params &p, const Bw
 // Query blocks a key block visits, and its keys: causal (bottom-right aligned) starts at the first
 // query block that can see the block's first key.
 struct BwdRange {
-    int keys_left, causal_off, m_min, m_max;
+    int keys_left, causal_off, m_min, m_max, sk;
     template <bool Is_causal>
     __device__ static BwdRange make(const SeqInfo &seq, int n_block, int block_m, int block_n) {
         BwdRange r;
@@ -80,7 +80,23 @@ struct BwdRange {
         r.causal_off = seq.sk - seq.sq;
         r.m_min = Is_causal ? max(0, n_block * block_n - r.causal_off) / block_m : 0;
         r.m_max = cdiv(seq.sq, block_m);
+        r.sk = seq.sk;
         return r;
+    }
+    // Whether P^T of query block m needs the mask below: the block crosses the causal diagonal, or the
+    // key block runs past the sequence's last key. Those keys' K rows are zero-filled (or, packed, the
+    // next sequence's), so exp(S - LSE) = exp(-LSE) for them, which overflows (16-bit P^T from
+    // exp(11), fp32 from exp(88)) when a query's LSE is very negative -- few keys, large logits; the
+    // infinite dS^T then meets the zero K rows in dQ = dS K as inf * 0 = NaN.
+    template <bool Is_causal, bool Is_even>
+    __device__ bool need_mask(int m, int n_block, int block_m, int block_n) const {
+        return (Is_causal && n_block * block_n + block_n - 1 > m * block_m + causal_off) ||
+               (!Is_even && keys_left < block_n);
+    }
+    // P^T is 0 at (key, query), both indices in the sequence: a key past its end, or a future key.
+    template <bool Is_causal>
+    __device__ bool masked(int key, int q) const {
+        return key >= sk || (Is_causal && key > q + causal_off);
     }
 };
 

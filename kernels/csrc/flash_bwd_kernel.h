@@ -14,8 +14,9 @@
 // registers; only dQ needs the transpose, read back with ldmatrix.trans.
 // dK is multiplied by the softmax scale at the end; dQ in the post-pass.
 //
-// Ragged edges need no explicit mask here: out-of-range Q/dO/K/V rows and LSE/D entries are
-// zero-filled, which makes every contribution they could make exactly zero.
+// Ragged edges: out-of-range Q/dO/K/V rows and LSE/D entries are zero-filled. A zero query row
+// contributes nothing (its dO and D are zero too); keys past the sequence's end are masked like
+// future keys (P^T = 0: BwdRange::need_mask says why exp(S - LSE) cannot be left to the zeros).
 #pragma once
 #include "flash_bwd_common.h"
 #include "kernel_traits.h"
@@ -51,7 +52,7 @@ flash_bwd_kernel(const Flash_bwd_params params) {
     const SeqInfo seq(params, b);
     if (n_block * BN >= seq.sk) return;
     const BwdRange range = BwdRange::make<Is_causal>(seq, n_block, BM, BN);
-    const int keys_left = range.keys_left, causal_off = range.causal_off;
+    const int keys_left = range.keys_left;
     const BwdBlockPtrs<T> gp(params, seq, b, h, n_block, BN, D);
     auto load_q_block = [&](int m, int buf) {
         flash::load_q_block<BM, D, S, NT, Is_even>(params, gp, seq.sq, m, sQ + buf * Kt::kSmemQElems,
@@ -85,7 +86,7 @@ flash_bwd_kernel(const Flash_bwd_params params) {
         st_dpt_product<T, MT, SN, D, S, Kt::kKsUnroll>(acc_s, acc_dp, sK, sV, sQb, sdOb, warp_row0, 0, lane);
 
         // ---- P^T (recomputed from LSE) and dS^T = P^T o (dP^T - D) -------------------------------
-        const bool need_mask = Is_causal && (n_block * BN + BN - 1 > m * BM + causal_off);
+        const bool need_mask = range.need_mask<Is_causal, Is_even>(m, n_block, BM, BN);
 #pragma unroll
         for (int j = 0; j < SN; ++j) {
 #pragma unroll
@@ -101,7 +102,7 @@ flash_bwd_kernel(const Flash_bwd_params params) {
                         float p = exp2f(acc_s[mt][j][e] * scale_log2 - lse_l2);
                         if (need_mask) {
                             const int key = n_block * BN + warp_row0 + mt * 16 + g + hr * 8;
-                            if (key > m * BM + qc + causal_off) p = 0.f;
+                            if (range.masked<Is_causal>(key, m * BM + qc)) p = 0.f;
                         }
                         acc_s[mt][j][e] = p;
                         acc_dp[mt][j][e] = p * (acc_dp[mt][j][e] - dsum);

@@ -49,7 +49,7 @@ flash_bwd_kernel_2d(const Flash_bwd_params params) {
     const SeqInfo seq(params, b);
     if (n_block * BN >= seq.sk) return;
     const BwdRange range = BwdRange::make<Is_causal>(seq, n_block, BM, BN);
-    const int keys_left = range.keys_left, causal_off = range.causal_off;
+    const int keys_left = range.keys_left;
     const BwdBlockPtrs<T> gp(params, seq, b, h, n_block, BN, D);
     auto load_q_block = [&](int m, int buf) {
         flash::load_q_block<BM, D, S, NT, Is_even>(params, gp, seq.sq, m, sQ + buf * Kt::kSmemQElems,
@@ -84,7 +84,7 @@ flash_bwd_kernel_2d(const Flash_bwd_params params) {
         st_dpt_product<T, MT, SN, D, S, 1>(acc_s, acc_dp, sK, sV, sQb, sdOb, key0, qcol0, lane);
 
         // ---- phase 2: P^T (recomputed from LSE), dS^T = P^T o (dP^T - D), both to shared memory ---
-        const bool need_mask = Is_causal && (n_block * BN + BN - 1 > m * BM + causal_off);
+        const bool need_mask = range.need_mask<Is_causal, Is_even>(m, n_block, BM, BN);
 #pragma unroll
         for (int j = 0; j < SN; ++j) {
             const int qc = qcol0 + j * 8 + 2 * t;  // query column (in the step) of elements 0 / 2
@@ -102,7 +102,7 @@ flash_bwd_kernel_2d(const Flash_bwd_params params) {
                     for (int e1 = 0; e1 < 2; ++e1) {
                         const int e = 2 * hr + e1;
                         float pv = exp2f(acc_s[mt][j][e] * scale_log2 - lse_l2[e1]);
-                        if (need_mask && n_block * BN + kr > m * BM + qc + e1 + causal_off) pv = 0.f;
+                        if (need_mask && range.masked<Is_causal>(n_block * BN + kr, m * BM + qc + e1)) pv = 0.f;
                         p2[e1] = pv;
                         ds2[e1] = pv * (acc_dp[mt][j][e] - ds[e1]);
                     }

@@ -137,3 +137,26 @@ def test_generator_is_in_sync():
     for p in gen.generate(out_dir=Path("/tmp/flashgpt_gen_check")):
         committed = gen.OUT_DIR / p.name
         assert committed.read_text() == p.read_text(), f"regenerate: {p.name}"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk,h,hk", [(5, 7, 2, 2), (9, 3, 4, 2), (1, 1, 2, 1)])
+def test_flash_backward_equations_match_autograd(causal, sq, sk, h, hk):
+    """attention_grads_flash (the FlashAttention backward's equations, the NaN tests' second yardstick)
+    gives autograd's gradients of attention_ref in fp64, also for rows that see no key and for GQA."""
+    from kernels.reference import attention_grads_flash, attention_grads_flash_varlen
+    torch.manual_seed(3)
+    q = torch.randn(2, sq, h, 16, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, sk, hk, 16, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, sk, hk, 16, dtype=torch.float64, requires_grad=True)
+    dout = torch.randn(2, sq, h, 16, dtype=torch.float64)
+    out, _ = attention_ref(q, k, v, causal, upcast=False)
+    expected = torch.autograd.grad(out, (q, k, v), dout)
+    for a, b in zip(attention_grads_flash(q, k, v, out.detach(), dout, causal), expected):
+        torch.testing.assert_close(a, b)
+    cu_q = torch.tensor([0, sq, 2 * sq], dtype=torch.int32)
+    cu_k = torch.tensor([0, sk, 2 * sk], dtype=torch.int32)
+    packed = attention_grads_flash_varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), out.detach().flatten(0, 1),
+                                          dout.flatten(0, 1), cu_q, cu_k, causal)
+    for a, b in zip(packed, expected):
+        torch.testing.assert_close(a, b.flatten(0, 1))

@@ -8,7 +8,8 @@
 // Shared memory, 128B-swizzled (wgmma.h): K, V 128 x 128 (32 KB each), Q and dO 64 x 128 double-
 // buffered (4 x 16 KB), dS^T 128 x 64 (16 KB), LSE and D 2 x 64 floats each: 145 KB.
 // Ragged edges as the FA2 backward: Q/dO rows past the sequence are zero (so are their LSE / D),
-// K/V rows past it are zero and their dK/dV rows are not written.
+// K/V rows past it are zero, masked (P^T = 0: flash_bwd_common.h BwdRange::need_mask) and their
+// dK/dV rows are not written.
 #pragma once
 #include "../flash.h"
 #include "../flash_bwd_common.h"  // BwdBlockPtrs, BwdRange, load_row_stats
@@ -99,9 +100,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) flash_bwd_sm90_kernel(const Fl
         wgmma_fence();
         issue_st_dpt<T, D>(acc_s, acc_dp, k_rows, v_rows, q_base, do_base);
         wgmma_wait<1>();  // S^T has landed
-        const bool need_mask = Is_causal && (n_block * BN + BN - 1 > m * BM + range.causal_off);
+        const bool need_mask = range.need_mask<Is_causal, Is_even>(m, n_block, BM, BN);
         exp_pt(acc_s, sL, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t,
-               [&](int key, int q) { return key > q + range.causal_off; });
+               [&](int key, int q) { return range.masked<Is_causal>(key, q); });
         uint32_t a_p[4][4], a_ds[4][4];  // k = queries, 4 steps of 16
         to_a_fragments<T>(acc_s, a_p);
         wgmma_fence();
