@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from gpu_util import require_extension  # noqa: E402
-from kernels import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+from kernels import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func  # noqa: E402
 
 REPEATS = 50
 _seed = itertools.count(4700)
@@ -103,3 +103,15 @@ def test_deterministic_varlen(batch, dtype, d, causal, path):
     q, k, v, dout = _inputs((sum(lens_q), 3, d), (sum(lens_k), 3, d), dtype)
     _assert_repeatable(lambda: flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
                                                       deterministic=True), (q, k, v), dout)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("seqlen, heads, kv_heads", [(1023, 4, 4), (1024, 4, 2), (2048, 2, 1)])
+def test_deterministic_qkvpacked(seqlen, heads, kv_heads, dtype, d, path):
+    """The model's call: q, k and v packed in one tensor, one gradient for it (grouped-query too)."""
+    torch.manual_seed(next(_seed))
+    qkv = torch.randn(2, seqlen, heads + 2 * kv_heads, d, device="cuda", dtype=dtype, requires_grad=True)
+    dout = torch.randn(2, seqlen, heads, d, device="cuda", dtype=dtype)
+    _assert_repeatable(lambda: flash_attn_qkvpacked_func(qkv, n_kv_heads=kv_heads, causal=True, deterministic=True),
+                       (qkv,), dout)
