@@ -24,19 +24,28 @@ import torch  # noqa: E402
 from data.sources import DataError  # noqa: E402
 from training.checkpoint import CheckpointError  # noqa: E402
 from training.config import ConfigError, load_config, validate  # noqa: E402
-from training.distributed import init_distributed  # noqa: E402
+from training.distributed import Rank0Failed, init_distributed  # noqa: E402
 from training.out_of_memory import explain as explain_oom  # noqa: E402
 from training.trainer import NonFiniteError, Trainer  # noqa: E402
 
 # Known errors end the run with one line on stderr and this exit code, no traceback (README
-# "Errors and what to do"); anything else is a bug and keeps its traceback.
+# "Errors and what to do"); anything else is a bug and keeps its traceback. Exit code 4 is the hang
+# watchdog's (training/watchdog.py).
 KNOWN_ERRORS = ((ConfigError, "config error", 2), (DataError, "data error", 2),
-                (CheckpointError, "checkpoint error", 2), (NonFiniteError, "training stopped", 3))
+                (CheckpointError, "checkpoint error", 2), (Rank0Failed, "error", 2),
+                (NonFiniteError, "training stopped", 3))
 
 
 def _fail(label: str, err: BaseException, code: int) -> int:
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    prefix = f"[rank {os.environ.get('RANK', 0)}] " if world > 1 else ""
+    """Print the one line. Under several ranks it is prefixed `[rank N]`, except where every rank has
+    the same error and rank 0 alone prints it: a config error (the same command line everywhere) and
+    a failure of rank 0 that the others waited for (rank 0 printed its own)."""
+    world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+    if world > 1 and (isinstance(err, ConfigError) or getattr(err, "reported", False)):
+        if rank == 0:
+            print(f"{label}: {err}", file=sys.stderr, flush=True)
+        return code
+    prefix = f"[rank {rank}] " if world > 1 else ""
     print(f"{prefix}{label}: {err}", file=sys.stderr, flush=True)
     return code
 

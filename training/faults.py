@@ -9,6 +9,8 @@ Kill points (SIGKILL the whole job: the torchrun agent, every worker, this proce
                  the manifest and the rename
     ckpt_commit  Checkpointer.save(<step>) after the rename into place, before `latest` is rewritten
 Out of memory (no kill): oom  torch.OutOfMemoryError in step <step>, after its first micro-batch
+Hang (no kill):          stop  this rank SIGSTOPs itself in step <step>, after its first micro-batch
+                               (the hang watchdog must end the job; the test SIGKILLs what is left)
 Numerical faults (no kill; the trainer must catch them before the optimizer step):
     nan_loss     the loss of step <step> is NaN (and so is every gradient)
     nan_grad     the loss of step <step> is finite but every gradient is NaN
@@ -63,6 +65,12 @@ def maybe_oom(step: int, rank: int) -> None:
     if active("oom", step, rank):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB (FLASHGPT_FAULT=oom). "
                                      "Including non-PyTorch memory, this process has ...")
+
+
+def maybe_stop(step: int, rank: int) -> None:
+    """Freeze this process (every thread) as a stopped or wedged rank would."""
+    if active("stop", step, rank):
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def install_nan_hook(model: torch.nn.Module, current_step: Callable[[], int], rank: int) -> None:
