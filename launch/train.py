@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from data.sources import DataError  # noqa: E402
 from training.checkpoint import CheckpointError  # noqa: E402
 from training.config import ConfigError, load_config, validate  # noqa: E402
-from training.distributed import Rank0Failed, init_distributed  # noqa: E402
+from training.distributed import Rank0Failed, init_distributed, rank0_printed  # noqa: E402
 from training.out_of_memory import explain as explain_oom  # noqa: E402
 from training.trainer import NonFiniteError, Trainer  # noqa: E402
 
@@ -41,9 +41,14 @@ def _fail(label: str, err: BaseException, code: int) -> int:
     the same error and rank 0 alone prints it: a config error (the same command line everywhere) and
     a failure of rank 0 that the others waited for (rank 0 printed its own)."""
     world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
-    if world > 1 and (isinstance(err, ConfigError) or getattr(err, "reported", False)):
+    if world > 1 and isinstance(err, ConfigError):
         if rank == 0:
             print(f"{label}: {err}", file=sys.stderr, flush=True)
+            rank0_printed(rank, label)
+            return code
+        if rank0_printed(rank, label):
+            return code
+    elif world > 1 and getattr(err, "reported", False):
         return code
     prefix = f"[rank {rank}] " if world > 1 else ""
     print(f"{prefix}{label}: {err}", file=sys.stderr, flush=True)

@@ -108,6 +108,24 @@ def rank0_first(info: DistInfo, what: str, fn: Callable[[], T]) -> T:
     return fn()
 
 
+def rank0_printed(rank: int, what: str, wait_s: float = 30.0) -> bool:
+    """Before the process group exists (a config error): rank 0 records that it printed `what`; another
+    rank waits up to `wait_s` for that record, so that it leaves silently only once rank 0's line is out
+    (torchrun stops the remaining workers as soon as one exits). False where no store is up yet (other
+    launchers start theirs with the process group) or it does not answer: the caller prints its own."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return False
+    try:
+        store = control_store(op_timeout_s=wait_s)
+        if rank == 0:
+            store.set(f"printed/{what}", "1")
+        else:
+            store.wait([f"printed/{what}"])
+        return True
+    except Exception:
+        return False
+
+
 def stop_group(info: DistInfo):
     """A gloo group of all ranks for the stop flag all-reduced at every micro-batch boundary: a CPU
     tensor, so no device sync (training/signals.py). None in a single process. Collective: every rank

@@ -4,10 +4,11 @@ collective until the process group's 30-minute timeout (or forever, for a stoppe
 
 Each rank of a multi-rank run runs one daemon thread. The training loop calls `mark(step, doing)` at
 every progress event: a finished optimizer step, and the start and end of an evaluation or a
-checkpoint save (those may be long: each gets the full timeout of its own). Every `period` seconds the
-thread writes this rank's heartbeat to the rendezvous store (`hb/<rank>`: last finished step, what the
-main thread is doing, the time, host and pid; the thread runs while the main thread waits, so a stale
-heartbeat means the whole process is stopped, frozen or gone) and looks for the `hang` key.
+checkpoint save (those may be long: each gets the full timeout of its own). The thread writes this
+rank's heartbeat to the rendezvous store (`hb/<rank>`: last finished step, what the main thread is
+doing, the time, host and pid) after progress (at most once a second) and at least every `period`
+seconds; it runs while the main thread waits, so a stale heartbeat means the whole process is
+stopped, frozen or gone. Every `period` it also looks for the `hang` key.
 
 When this rank's own allowance passes without progress (hang_timeout_s; FIRST_STEP_FACTOR times that
 for the first step of a session, which includes torch.compile, autotuning and the communicators' set-up)
@@ -70,11 +71,22 @@ class HangWatchdog:
 
     # --- the thread ---------------------------------------------------------------------------------
     def _run(self) -> None:
-        while not self._stop.wait(self.period):
-            self._publish()
-            if self._seen_hang():
-                self._leave(leader=False)
-            if time.monotonic() - self._since > self._allowance:
+        """Every second: publish the heartbeat if the main thread made progress (at most once a
+        second, so a fast loop does not flood the store), else every `period`; look for `hang` every
+        `period`; check this rank's own deadline."""
+        tick = min(1.0, self.period)
+        published = checked = time.monotonic()
+        shown = self._since
+        while not self._stop.wait(tick):
+            now = time.monotonic()
+            if self._since != shown or now - published >= self.period:
+                shown, published = self._since, now
+                self._publish()
+            if now - checked >= self.period:
+                checked = now
+                if self._seen_hang():
+                    self._leave(leader=False)
+            if now - self._since > self._allowance:
                 self._leave(leader=True)
 
     def _publish(self) -> None:

@@ -1,5 +1,6 @@
 """SIGTERM (what schedulers send before pre-emption) stops every rank at the same step boundary with
 a checkpoint and a clean exit; rerunning the command continues the loss curve bit for bit."""
+import json
 import signal
 import time
 
@@ -66,3 +67,80 @@ def test_sigterm_single_process_exits_zero(tmp_path, cache_dir):
     assert launch.finish(time.monotonic() + ft.TIMEOUT) == 0, launch.tail()
     step = stopped_at(tmp_path / "single")
     assert 2 < step < 40 and f"SIGTERM received: stopped at step {step}" in launch.tail()
+
+
+# Steps of a few seconds: the full tiny_cpu model, 6 micro-batches of 16 sequences per rank and step.
+ACCUM = 6
+SLOW = ["model.n_layer=4", "model.seq_len=128", "train.micro_batch_size=16",
+        f"train.global_batch_size={16 * 2 * ACCUM}", "train.eval_interval=0", "train.ckpt_interval=0"]
+
+
+def slow_run(work, cache_dir, name, steps):
+    launch = ft.Launch(ft.command(work, cache_dir, name, steps, extra=SLOW), ft.environment(),
+                       work / f"{name}.log")
+    return launch, time.monotonic() + ft.TIMEOUT
+
+
+def test_sigterm_mid_step_commits_within_a_micro_batch_and_resumes_exactly(work, cache_dir):
+    """SIGTERM to both workers two and a half micro-batches into step 2 (of 6), then a SIGINT to rank 1
+    while that stop is under way: every rank drops the partial step at the next micro-batch boundary,
+    saves step 1 and exits 0; the second signal is ignored with a note. The delay from the signal to
+    the committed checkpoint is about one micro-batch plus the save, not the rest of the step. The rerun
+    replays step 2 from its start: the loss curve equals an uninterrupted run's bit for bit."""
+    steps = 3
+    launch, deadline = slow_run(work, cache_dir, "slow_reference", steps)
+    assert launch.finish(deadline) == 0, launch.tail()
+    reference = ft.losses(work / "slow_reference")
+    records = [json.loads(line) for line in (work / "slow_reference" / "metrics.jsonl").read_text().splitlines()]
+    step_s = min(r["step_time_s"] for r in records if r.get("step_time_s"))
+    micro_s = step_s / ACCUM
+
+    name = "slow_sigterm"
+    since = time.time()
+    launch, deadline = slow_run(work, cache_dir, name, steps)
+    while ft.newest_step(work / name, since) < 1:
+        assert launch.poll() is None and time.monotonic() < deadline, launch.tail()
+        time.sleep(0.01)
+    time.sleep(2.5 * micro_s)
+    workers = psutil.Process(launch.proc.pid).children()
+    sent = time.time()
+    for w in workers:
+        w.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    max(workers, key=lambda p: p.environ().get("RANK")).send_signal(signal.SIGINT)
+    code = launch.finish(deadline)
+    exited = time.time() - sent
+    log = launch.tail(20000)
+    latest = work / name / "checkpoints" / "latest"
+    committed = latest.stat().st_mtime - sent
+    assert code == 0, log
+    assert "Traceback" not in log and "SIGINT again: the stop after SIGTERM is under way" in log, log
+    assert stopped_at(work / name) == 1, log
+    assert f"SIGTERM received: stopped at step 1 with checkpoint" in log and "step 2 was abandoned after" in log, log
+    print(f"step {step_s:.2f} s, micro-batch {micro_s:.2f} s; SIGTERM -> checkpoint committed {committed:.2f} s, "
+          f"-> torchrun exited 0 {exited:.2f} s")
+    assert committed < micro_s + 1.5, (committed, micro_s)  # one micro-batch plus a small save
+    assert exited < 0.6 * step_s + 2, (exited, step_s)  # not the rest of the step
+    launch.log_path.unlink()
+    launch, deadline = slow_run(work, cache_dir, name, steps)
+    assert launch.finish(deadline) == 0, launch.tail()
+    assert ft.losses(work / name) == reference
+
+
+def test_second_signal_never_aborts_a_multi_rank_stop():
+    """A second SIGINT raises KeyboardInterrupt in a single process (abort now), but with several ranks
+    it is ignored: a rank leaving alone mid-save would leave the others waiting in a collective."""
+    from training.signals import StopSignal
+
+    alone = StopSignal()
+    alone._handle(signal.SIGTERM, None)
+    try:
+        alone._handle(signal.SIGINT, None)
+        raise AssertionError("no KeyboardInterrupt")
+    except KeyboardInterrupt:
+        pass
+    ranks = StopSignal(group=object())  # any group: the handler does not use it
+    ranks._handle(signal.SIGTERM, None)
+    ranks._handle(signal.SIGINT, None)
+    ranks._handle(signal.SIGTERM, None)
+    assert ranks.received == "SIGTERM"

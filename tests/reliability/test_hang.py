@@ -1,0 +1,45 @@
+"""A rank that stops (SIGSTOP, as a wedged driver or a frozen host would) ends the job within
+train.hang_timeout_s: the live rank dumps its Python stacks, one line names the stopped rank, exit 4;
+rerunning the same command resumes and the loss curve equals an uninterrupted run's bit for bit."""
+import time
+
+import psutil
+
+import fault_trials as ft  # bench/fault_trials.py (conftest puts bench/ on the path)
+
+TIMEOUT_S = 8  # train.hang_timeout_s here; heartbeats every second
+TORCHRUN_GRACE_S = 30  # torchrun SIGKILLs a worker this long after its SIGTERM (a stopped one ignores it)
+
+
+def test_stopped_rank_ends_the_job_naming_it_then_resumes_exactly(work, cache_dir, reference, steps):
+    name = "hang"
+    cmd = ft.command(work, cache_dir, name, steps, extra=[f"train.hang_timeout_s={TIMEOUT_S}"])
+    launch = ft.Launch(cmd, ft.environment("stop:8:1"), work / f"{name}.log")  # rank 1 stops in step 8
+    deadline = time.monotonic() + ft.TIMEOUT
+    stopped_since = None
+    while launch.poll() is None and stopped_since is None:
+        assert time.monotonic() < deadline, launch.tail()
+        for p in launch.tree[1:]:
+            try:
+                if p.status() == psutil.STATUS_STOPPED:
+                    stopped_since, stopped = time.monotonic(), p
+            except psutil.Error:
+                pass
+        time.sleep(0.05)
+    assert stopped_since is not None, launch.tail()
+    code = launch.finish(deadline)  # SIGKILLs anything of the job left behind
+    took = time.monotonic() - stopped_since
+    log = launch.tail(30000)
+    print(f"rank 1 stopped -> job ended in {took:.1f} s (train.hang_timeout_s={TIMEOUT_S})")
+    assert code != 0 and "exitcode  : 4" in log, log
+    assert took < TIMEOUT_S + 5 + TORCHRUN_GRACE_S + 10, (took, log)
+    assert "--- hang watchdog: rank 0 found no progress" in log and "in train_step" in log, log
+    assert log.count("hang: no progress for ") == 1, log
+    line = next(x for x in log.splitlines() if x.startswith("hang: no progress for "))
+    assert f"rank 1 (pid {stopped.pid} " in line and "has not answered" in line, line
+    assert f"Rerun the same command: it continues from {work / name / 'checkpoints' / 'step_00000006'}" in line
+    assert not stopped.is_running() or stopped.status() == psutil.STATUS_ZOMBIE
+    launch.log_path.unlink()
+    final = ft.Launch(cmd, ft.environment(), work / f"{name}.final.log")
+    assert final.finish(time.monotonic() + ft.TIMEOUT) == 0, final.tail()
+    assert ft.losses(work / name) == reference
