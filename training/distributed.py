@@ -98,7 +98,7 @@ def rank0_first(info: DistInfo, what: str, fn: Callable[[], T]) -> T:
         return out
     try:
         while not store.check([key]):
-            time.sleep(0.5)
+            time.sleep(1.0)
         status = store.get(key).decode()
     except (RuntimeError, OSError) as e:  # DistStoreError is a RuntimeError
         raise Rank0Failed(f"lost the rendezvous store while rank 0 was {what} ({str(e).splitlines()[0]}); "

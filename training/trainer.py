@@ -2,8 +2,9 @@
 metrics. Everything it drives is built by `Trainer.build` from one resolved Config.
 
 Reliability (README "Errors and what to do"): a non-finite loss or gradient norm is caught before the
-optimizer step (train.nonfinite=skip|stop); SIGTERM/SIGINT stop every rank at the same step boundary
-with a checkpoint; auto-resume falls back past damaged checkpoints (training/checkpoint.py)."""
+optimizer step (train.nonfinite=skip|stop); SIGTERM/SIGINT stop every rank at the same micro-batch
+boundary with the checkpoint of the last finished step; a rank that stops making progress ends the job
+(training/watchdog.py); auto-resume falls back past damaged checkpoints (training/checkpoint.py)."""
 from __future__ import annotations
 
 import dataclasses

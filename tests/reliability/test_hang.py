@@ -43,3 +43,28 @@ def test_stopped_rank_ends_the_job_naming_it_then_resumes_exactly(work, cache_di
     final = ft.Launch(cmd, ft.environment(), work / f"{name}.final.log")
     assert final.finish(time.monotonic() + ft.TIMEOUT) == 0, final.tail()
     assert ft.losses(work / name) == reference
+
+
+def test_message_names_the_silent_rank_else_the_one_behind():
+    """The one line: a rank whose heartbeat is stale (its process is stopped) is named first; with every
+    process alive, the rank behind in steps; with none behind, what each is doing."""
+    from training.watchdog import HangWatchdog
+
+    dog = HangWatchdog(60, 0, 3, store=None, step=7, rerun_hint=lambda: "Rerun the same command.")
+    dog.mark(7, "step 8")
+    now = time.time()
+
+    def beat(step, doing, age):
+        return {"step": step, "doing": doing, "time": now - age, "host": "h", "pid": 100 + step}
+
+    silent = dog.message(61, {0: beat(7, "step 8", 1), 1: beat(6, "step 7", 59), 2: beat(7, "step 8", 2)})
+    assert silent.startswith("hang: no progress for 61 s on rank 0 (train.hang_timeout_s=60; it last finished "
+                             "step 7 and is doing step 8); rank 1 (pid 106 on h) has not answered for 59 s"), silent
+    assert "rank 2" not in silent and silent.endswith("Rerun the same command.")
+    behind = dog.message(61, {0: beat(7, "step 8", 1), 1: beat(6, "step 7", 1), 2: beat(7, "step 8", 2)})
+    assert "rank 1 (pid 106 on h) is behind: it last finished step 6, others step 7" in behind, behind
+    same = dog.message(61, {0: beat(7, "step 8", 1), 1: beat(7, "checkpoint save of step 7", 1),
+                            2: beat(7, "step 8", 1)})
+    assert "every rank is alive and none finished its work (rank 0: step 8; rank 1: checkpoint save of step 7" in same
+    unread = dog.message(61, {0: beat(7, "step 8", 1), 1: "DistStoreError: timeout", 2: beat(7, "step 8", 1)})
+    assert "the heartbeats of rank 1 could not be read (DistStoreError: timeout)" in unread, unread

@@ -1,5 +1,6 @@
-"""SIGTERM (what schedulers send before pre-emption) stops every rank at the same step boundary with
-a checkpoint and a clean exit; rerunning the command continues the loss curve bit for bit."""
+"""SIGTERM (what schedulers send before pre-emption) stops every rank at the same micro-batch boundary
+with the checkpoint of the last finished step and a clean exit; rerunning the command continues the
+loss curve bit for bit."""
 import json
 import signal
 import time
@@ -33,12 +34,12 @@ def stopped_at(run_dir) -> int:
 
 def test_sigterm_stops_all_ranks_at_one_step_and_resumes_exactly(work, cache_dir, reference, steps):
     name = "sigterm"
-    # 1) Only rank 1 gets SIGTERM: the per-step flag all-reduce makes rank 0 stop at the same step;
+    # 1) Only rank 1 gets SIGTERM: the flag all-reduced at each micro-batch makes rank 0 stop there too;
     #    both save, both exit 0, so torchrun exits 0 too.
     code, log = stop_with_sigterm(work, cache_dir, name, steps, after_step=2, target="rank1")
     first = stopped_at(work / name)
     assert code == 0, log
-    assert 2 < first < steps and "Traceback" not in log
+    assert 2 <= first < steps and "Traceback" not in log  # the signal came after step 2 finished
     assert f"stop signal (another rank) received: stopped at step {first}" in log
     assert sorted(ft.losses(work / name)) == list(range(1, first + 1))
     # 2) SIGTERM to the torchrun agent, which forwards it to both workers. They save and exit 0; the
@@ -55,7 +56,7 @@ def test_sigterm_stops_all_ranks_at_one_step_and_resumes_exactly(work, cache_dir
 
 
 def test_sigterm_single_process_exits_zero(tmp_path, cache_dir):
-    """Without torchrun: SIGTERM -> checkpoint at the next step boundary, exit code 0."""
+    """Without torchrun: SIGTERM -> checkpoint of the last finished step, exit code 0."""
     cmd = ft.command(tmp_path, cache_dir, "single", 40, nproc=1)
     cmd = [cmd[0], *cmd[cmd.index(ft.TRAIN):]]  # python launch/train.py ... (no torchrun)
     since = time.time()
@@ -66,7 +67,7 @@ def test_sigterm_single_process_exits_zero(tmp_path, cache_dir):
     launch.proc.send_signal(signal.SIGTERM)
     assert launch.finish(time.monotonic() + ft.TIMEOUT) == 0, launch.tail()
     step = stopped_at(tmp_path / "single")
-    assert 2 < step < 40 and f"SIGTERM received: stopped at step {step}" in launch.tail()
+    assert 2 <= step < 40 and f"SIGTERM received: stopped at step {step}" in launch.tail()
 
 
 # Steps of a few seconds: the full tiny_cpu model, 6 micro-batches of 16 sequences per rank and step.
@@ -114,7 +115,9 @@ def test_sigterm_mid_step_commits_within_a_micro_batch_and_resumes_exactly(work,
     latest = work / name / "checkpoints" / "latest"
     committed = latest.stat().st_mtime - sent
     assert code == 0, log
-    assert "Traceback" not in log and "SIGINT again: the stop after SIGTERM is under way" in log, log
+    # both signals may be pending together on rank 1: Python then runs the handlers in signal-number
+    # order (SIGINT first), so either may count as the second
+    assert "Traceback" not in log and log.count("again: the stop after SIG") == 1, log
     assert stopped_at(work / name) == 1, log
     assert f"SIGTERM received: stopped at step 1 with checkpoint" in log and "step 2 was abandoned after" in log, log
     print(f"step {step_s:.2f} s, micro-batch {micro_s:.2f} s; SIGTERM -> checkpoint committed {committed:.2f} s, "
