@@ -92,7 +92,10 @@ def rank0_first(info: DistInfo, what: str, fn: Callable[[], T]) -> T:
         try:
             out = fn()
         except BaseException as e:
-            store.set(key, f"{type(e).__name__}: {e}")
+            try:
+                store.set(key, f"{type(e).__name__}: {e}")
+            except Exception:  # the store is gone too: the others find that out themselves
+                pass
             raise
         store.set(key, "ok")
         return out

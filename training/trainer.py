@@ -68,6 +68,7 @@ class Trainer:
         self.step, self.tokens_seen, self.wandb_id = 0, 0, None
         self.skipped_steps = self.consecutive_skips = 0  # non-finite steps: in total, in a row now
         self.abandoned_after = 0  # micro-batches of the step a signal stopped (train_step)
+        self.watchdog: Optional[HangWatchdog] = None  # several ranks with train.hang_timeout_s > 0 (fit)
         faults.install_nan_hook(engine.model, lambda: self.step + 1, dist.rank)  # tests only
 
     @classmethod
@@ -165,7 +166,9 @@ class Trainer:
             loss_sum += self.engine.forward_backward(batch, sync=micro == self.accum - 1).float()
             if micro == 0:
                 faults.maybe_oom(self.step + 1, self.dist.rank)  # tests only
-                faults.maybe_stop(self.step + 1, self.dist.rank)  # tests only
+                faults.maybe_hang(self.step + 1, self.dist.rank)  # tests only
+            if self.watchdog is not None:
+                self.watchdog.at(micro + 1)
         loss = self.dist.all_reduce_mean(loss_sum / self.accum)
         faults.maybe_kill("step", self.step + 1, self.dist.rank)  # tests only
         grad_norm = self._grad_norm()
@@ -258,7 +261,7 @@ class Trainer:
 
         restart_intervals()
         signals = StopSignal(stop_group(self.dist))
-        watchdog = self._watchdog()
+        self.watchdog = watchdog = self._watchdog()
         saved = (self.step, resumed)  # the newest checkpoint: (its step, its folder)
         try:
             signals.__enter__()

@@ -48,6 +48,8 @@ class HangWatchdog:
         self.host, self.pid = socket.gethostname(), os.getpid()
         self._step, self._doing = step, f"step {step + 1} (the first of this session)"
         self._since = time.monotonic()
+        self._micro = 0  # micro-batches of the step in progress this rank has finished (`at`)
+        self._version = 0  # bumped on every mark / at: the thread publishes what changed
         self._allowance = self.timeout * FIRST_STEP_FACTOR
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hang-watchdog", daemon=True)
@@ -61,9 +63,16 @@ class HangWatchdog:
     def mark(self, step: int, doing: str) -> None:
         """Progress: `step` optimizer steps are done and the main thread now does `doing`. Restarts
         this rank's clock with the normal allowance. Plain assignments: no lock, no I/O."""
-        self._step, self._doing = step, doing
+        self._step, self._doing, self._micro = step, doing, 0
         self._allowance = self.timeout
         self._since = time.monotonic()
+        self._version += 1
+
+    def at(self, micro: int) -> None:
+        """`micro` micro-batches of the step in progress are done (not progress: the clock runs on).
+        Tells a rank stuck inside a step from the ranks waiting for it in a collective."""
+        self._micro = micro
+        self._version += 1
 
     def close(self) -> None:
         self._stop.set()
@@ -76,11 +85,11 @@ class HangWatchdog:
         `period`; check this rank's own deadline."""
         tick = min(1.0, self.period)
         published = checked = time.monotonic()
-        shown = self._since
+        shown = self._version
         while not self._stop.wait(tick):
             now = time.monotonic()
-            if self._since != shown or now - published >= self.period:
-                shown, published = self._since, now
+            if self._version != shown or now - published >= self.period:
+                shown, published = self._version, now
                 self._publish()
             if now - checked >= self.period:
                 checked = now
@@ -90,7 +99,7 @@ class HangWatchdog:
                 self._leave(leader=True)
 
     def _publish(self) -> None:
-        value = {"step": self._step, "doing": self._doing, "time": time.time(), "host": self.host,
+        value = {"step": self._step, "micro": self._micro, "doing": self._doing, "time": time.time(), "host": self.host,
                  "pid": self.pid}
         try:
             self.store.set(f"hb/{self.rank}", json.dumps(value))
@@ -142,18 +151,18 @@ class HangWatchdog:
         unreadable = {r: b for r, b in beats.items() if not isinstance(b, dict)}
         alive = {r: b for r, b in beats.items() if isinstance(b, dict)}
         silent = {r: b for r, b in alive.items() if now - b["time"] > stale_after}
-        steps = {r: b["step"] for r, b in alive.items()}
+        where = {r: (b["step"], b.get("micro", 0)) for r, b in alive.items()}  # (steps, micro-batches) done
         parts = []
         for r, b in sorted(silent.items()):
             parts.append(f"rank {r} (pid {b['pid']} on {b['host']}) has not answered for {now - b['time']:.0f} s "
                          f"(its last heartbeat: finished step {b['step']}, doing {b['doing']}): it is stopped, "
                          f"frozen or its host is down")
-        if not silent and steps and min(steps.values()) < max(steps.values()):
-            low = min(steps.values())
-            for r in sorted(r for r, s in steps.items() if s == low):
-                parts.append(f"rank {r} (pid {alive[r]['pid']} on {alive[r]['host']}) is behind: it last "
-                             f"finished step {low}, others step {max(steps.values())}; it is doing "
-                             f"{alive[r]['doing']}")
+        if not silent and where and min(where.values()) < max(where.values()):
+            low, high = min(where.values()), max(where.values())
+            for r in sorted(r for r, w in where.items() if w == low):
+                parts.append(f"rank {r} (pid {alive[r]['pid']} on {alive[r]['host']}) is behind: it finished "
+                             f"step {low[0]} and {low[1]} micro-batch(es) of the next, others step {high[0]} and "
+                             f"{high[1]}; it is doing {alive[r]['doing']}")
         if not parts and unreadable:
             parts.append("the heartbeats of " + ", ".join(f"rank {r}" for r in unreadable) + " could not "
                          f"be read (" + "; ".join(sorted(set(unreadable.values()))) + "): the rank hosting the "

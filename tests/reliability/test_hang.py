@@ -45,6 +45,24 @@ def test_stopped_rank_ends_the_job_naming_it_then_resumes_exactly(work, cache_di
     assert ft.losses(work / name) == reference
 
 
+def test_rank_stuck_in_python_ends_the_job_with_both_stacks(work, cache_dir, steps):
+    """Rank 1's main thread never returns (as from I/O that hangs) while its process lives: both ranks'
+    watchdogs dump their stacks and leave with exit 4, without torchrun's 30 s grace; the line names
+    rank 1 as behind by a micro-batch (rank 0 waits for it at the next micro-batch boundary)."""
+    name = "hang_alive"
+    cmd = ft.command(work, cache_dir, name, steps, extra=[f"train.hang_timeout_s={TIMEOUT_S}"])
+    launch = ft.Launch(cmd, ft.environment("hang:5:1"), work / f"{name}.log")
+    code = launch.finish(time.monotonic() + ft.TIMEOUT)
+    log = launch.tail(60000)
+    assert code != 0 and log.count("exitcode  : 4") == 2, log
+    assert "Python stacks of rank 0" in log and "Python stacks of rank 1" in log and "in maybe_hang" in log, log
+    line = next(x for x in log.splitlines() if x.startswith("hang: no progress for "))
+    assert log.count("hang: no progress for ") == 1, log
+    assert "rank 1 (pid " in line and "is behind: it finished step 4 and 0 micro-batch(es) of the next, " \
+           "others step 4 and 1" in line, line
+    assert "Rerun the same command: it continues from " in line and line.endswith("step_00000003."), line
+
+
 def test_message_names_the_silent_rank_else_the_one_behind():
     """The one line: a rank whose heartbeat is stale (its process is stopped) is named first; with every
     process alive, the rank behind in steps; with none behind, what each is doing."""
@@ -62,7 +80,8 @@ def test_message_names_the_silent_rank_else_the_one_behind():
                              "step 7 and is doing step 8); rank 1 (pid 106 on h) has not answered for 59 s"), silent
     assert "rank 2" not in silent and silent.endswith("Rerun the same command.")
     behind = dog.message(61, {0: beat(7, "step 8", 1), 1: beat(6, "step 7", 1), 2: beat(7, "step 8", 2)})
-    assert "rank 1 (pid 106 on h) is behind: it last finished step 6, others step 7" in behind, behind
+    assert "rank 1 (pid 106 on h) is behind: it finished step 6 and 0 micro-batch(es) of the next, others " \
+           "step 7 and 0; it is doing step 7" in behind, behind
     same = dog.message(61, {0: beat(7, "step 8", 1), 1: beat(7, "checkpoint save of step 7", 1),
                             2: beat(7, "step 8", 1)})
     assert "every rank is alive and none finished its work (rank 0: step 8; rank 1: checkpoint save of step 7" in same
