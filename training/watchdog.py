@@ -99,8 +99,8 @@ class HangWatchdog:
                 self._leave(leader=True)
 
     def _publish(self) -> None:
-        value = {"step": self._step, "micro": self._micro, "doing": self._doing, "time": time.time(), "host": self.host,
-                 "pid": self.pid}
+        value = {"step": self._step, "micro": self._micro, "doing": self._doing, "time": time.time(),
+                 "host": self.host, "pid": self.pid}
         try:
             self.store.set(f"hb/{self.rank}", json.dumps(value))
         except Exception:  # a slow or gone store: the deadline check below still runs
@@ -173,4 +173,5 @@ class HangWatchdog:
                 "not every rank entered, or I/O that does not return; the stacks show where")
         return (f"hang: no progress for {waited:.0f} s on rank {self.rank} (train.hang_timeout_s="
                 f"{self.timeout:g}; it last finished step {self._step} and is doing {self._doing}); "
-                + "; ".join(parts) + ". Stacks of every live rank are above. " + self.rerun_hint())
+                + "; ".join(parts) + ". Every live rank printed its Python stacks under a '--- hang watchdog' "
+                "header. " + self.rerun_hint())
