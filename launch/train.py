@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import torch  # noqa: E402
 from data.sources import DataError  # noqa: E402
 from training.checkpoint import CheckpointError  # noqa: E402
 from training.config import ConfigError, load_config, validate  # noqa: E402
-from training.distributed import Rank0Failed, init_distributed, rank0_printed  # noqa: E402
+from training.distributed import Rank0Failed, all_reached, init_distributed  # noqa: E402
 from training.out_of_memory import explain as explain_oom  # noqa: E402
 from training.trainer import NonFiniteError, Trainer  # noqa: E402
 
@@ -44,9 +45,10 @@ def _fail(label: str, err: BaseException, code: int) -> int:
     if world > 1 and isinstance(err, ConfigError):
         if rank == 0:
             print(f"{label}: {err}", file=sys.stderr, flush=True)
-            rank0_printed(rank, label)
-            return code
-        if rank0_printed(rank, label):
+        # torchrun SIGTERMs the other workers once one exits: each rank waits for all to have this error
+        # and ignores that SIGTERM meanwhile, so that every rank exits 2 (and rank 0's line is out first)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if all_reached(label, world) or rank == 0:
             return code
     elif world > 1 and getattr(err, "reported", False):
         return code

@@ -111,20 +111,22 @@ def rank0_first(info: DistInfo, what: str, fn: Callable[[], T]) -> T:
     return fn()
 
 
-def rank0_printed(rank: int, what: str, wait_s: float = 30.0) -> bool:
-    """Before the process group exists (a config error): rank 0 records that it printed `what`; another
-    rank waits up to `wait_s` for that record, so that it leaves silently only once rank 0's line is out
-    (torchrun stops the remaining workers as soon as one exits). False where no store is up yet (other
-    launchers start theirs with the process group) or it does not answer: the caller prints its own."""
+def all_reached(what: str, world_size: int, wait_s: float = 30.0) -> bool:
+    """Before the process group exists (a config error): count this rank in under `what` and wait up to
+    `wait_s` for all `world_size` ranks, so that none exits before the others got there (torchrun
+    stops the remaining workers as soon as one exits) and rank 0's line, printed before, is out. False
+    where no store is up yet (other launchers start theirs with the process group), it does not answer
+    or not every rank came."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return False
     try:
         store = control_store(op_timeout_s=wait_s)
-        if rank == 0:
-            store.set(f"printed/{what}", "1")
-        else:
-            store.wait([f"printed/{what}"])
-        return True
+        deadline = time.monotonic() + wait_s
+        count = store.add(f"reached/{what}", 1)
+        while count < world_size and time.monotonic() < deadline:
+            time.sleep(0.05)
+            count = store.add(f"reached/{what}", 0)
+        return count >= world_size
     except Exception:
         return False
 
