@@ -135,29 +135,35 @@ class HangWatchdog:
         os._exit(EXIT_CODE)
 
     def _heartbeats(self) -> dict:
-        """rank -> heartbeat dict, or the error text when it cannot be read."""
-        out = {}
+        """rank -> heartbeat dict, None when it never wrote one, or the error text when it cannot be read
+        (after the first failure the rest are not tried: each would wait for the store's timeout again)."""
+        out, failed = {}, None
         for r in range(self.world):
+            if failed is not None:
+                out[r] = failed
+                continue
             try:
-                out[r] = json.loads(self.store.get(f"hb/{r}"))
+                key = f"hb/{r}"
+                out[r] = json.loads(self.store.get(key)) if self.store.check([key]) else None
             except Exception as e:
-                out[r] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                out[r] = failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         return out
 
     def message(self, waited: float, beats: dict) -> str:
         """One line: this rank's state, the stuck rank(s) and why, what to do."""
         now = time.time()
         stale_after = 3 * self.period  # a live process writes every `period` s
-        unreadable = {r: b for r, b in beats.items() if not isinstance(b, dict)}
+        unreadable = {r: b for r, b in beats.items() if isinstance(b, str)}
+        never = [r for r, b in beats.items() if b is None]
         alive = {r: b for r, b in beats.items() if isinstance(b, dict)}
         silent = {r: b for r, b in alive.items() if now - b["time"] > stale_after}
         where = {r: (b["step"], b.get("micro", 0)) for r, b in alive.items()}  # (steps, micro-batches) done
-        parts = []
+        parts = [f"rank {r} never wrote a heartbeat: it has not reached the training loop" for r in never]
         for r, b in sorted(silent.items()):
             parts.append(f"rank {r} (pid {b['pid']} on {b['host']}) has not answered for {now - b['time']:.0f} s "
                          f"(its last heartbeat: finished step {b['step']}, doing {b['doing']}): it is stopped, "
                          f"frozen or its host is down")
-        if not silent and where and min(where.values()) < max(where.values()):
+        if not parts and where and min(where.values()) < max(where.values()):
             low, high = min(where.values()), max(where.values())
             for r in sorted(r for r, w in where.items() if w == low):
                 parts.append(f"rank {r} (pid {alive[r]['pid']} on {alive[r]['host']}) is behind: it finished "

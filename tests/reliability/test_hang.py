@@ -87,3 +87,5 @@ def test_message_names_the_silent_rank_else_the_one_behind():
     assert "every rank is alive and none finished its work (rank 0: step 8; rank 1: checkpoint save of step 7" in same
     unread = dog.message(61, {0: beat(7, "step 8", 1), 1: "DistStoreError: timeout", 2: beat(7, "step 8", 1)})
     assert "the heartbeats of rank 1 could not be read (DistStoreError: timeout)" in unread, unread
+    never = dog.message(61, {0: beat(7, "step 8", 1), 1: None, 2: beat(7, "step 8", 1)})
+    assert "rank 1 never wrote a heartbeat: it has not reached the training loop." in never, never
