@@ -313,6 +313,7 @@ class Trainer:
             signals.__exit__()
             if watchdog is not None:
                 watchdog.close()
+                self.watchdog = None
             if telemetry is not None:
                 telemetry.close()
             for step, metrics in deferred.flush():  # also when an error stops the run
