@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -24,19 +25,34 @@ import torch  # noqa: E402
 from data.sources import DataError  # noqa: E402
 from training.checkpoint import CheckpointError  # noqa: E402
 from training.config import ConfigError, load_config, validate  # noqa: E402
-from training.distributed import init_distributed  # noqa: E402
+from training.distributed import Rank0Failed, all_reached, init_distributed  # noqa: E402
 from training.out_of_memory import explain as explain_oom  # noqa: E402
 from training.trainer import NonFiniteError, Trainer  # noqa: E402
 
 # Known errors end the run with one line on stderr and this exit code, no traceback (README
-# "Errors and what to do"); anything else is a bug and keeps its traceback.
+# "Errors and what to do"); anything else is a bug and keeps its traceback. Exit code 4 is the hang
+# watchdog's (training/watchdog.py).
 KNOWN_ERRORS = ((ConfigError, "config error", 2), (DataError, "data error", 2),
-                (CheckpointError, "checkpoint error", 2), (NonFiniteError, "training stopped", 3))
+                (CheckpointError, "checkpoint error", 2), (Rank0Failed, "error", 2),
+                (NonFiniteError, "training stopped", 3))
 
 
 def _fail(label: str, err: BaseException, code: int) -> int:
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    prefix = f"[rank {os.environ.get('RANK', 0)}] " if world > 1 else ""
+    """Print the one line. Under several ranks it is prefixed `[rank N]`, except where every rank has
+    the same error and rank 0 alone prints it: a config error (the same command line everywhere) and
+    a failure of rank 0 that the others waited for (rank 0 printed its own)."""
+    world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+    if world > 1 and isinstance(err, ConfigError):
+        if rank == 0:
+            print(f"{label}: {err}", file=sys.stderr, flush=True)
+        # torchrun SIGTERMs the other workers once one exits: each rank waits for all to have this error
+        # and ignores that SIGTERM meanwhile, so that every rank exits 2 (and rank 0's line is out first)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if all_reached(label, world) or rank == 0:
+            return code
+    elif world > 1 and getattr(err, "reported", False):
+        return code
+    prefix = f"[rank {rank}] " if world > 1 else ""
     print(f"{prefix}{label}: {err}", file=sys.stderr, flush=True)
     return code
 

@@ -109,8 +109,9 @@ class TrainConfig:
     # a fresh run (resume=none, or auto finding nothing usable) into a run folder that holds checkpoints
     # stops unless true; then the old checkpoints are moved aside to checkpoints-replaced-<UTC time>/
     overwrite: bool = False
-    # seconds without a finished step (or since start, for the first step) before every rank dumps its
-    # Python stack and the job ends naming the stuck rank (several ranks only; 0 = never)
+    # seconds without a finished step, evaluation or checkpoint save before every rank dumps its Python
+    # stack and the job ends (exit 4) naming the stuck rank; the first step of a session gets 4x (it
+    # includes torch.compile and communicator set-up); several ranks only (training/watchdog.py); 0 = never
     hang_timeout_s: float = 300.0
     # bit-identical GPU runs: our deterministic attention backward, torch's deterministic algorithms,
     # a fixed cuBLAS workspace (costs throughput; bench/RESULTS.md)

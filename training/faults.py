@@ -9,6 +9,9 @@ Kill points (SIGKILL the whole job: the torchrun agent, every worker, this proce
                  the manifest and the rename
     ckpt_commit  Checkpointer.save(<step>) after the rename into place, before `latest` is rewritten
 Out of memory (no kill): oom  torch.OutOfMemoryError in step <step>, after its first micro-batch
+Hangs (no kill; the hang watchdog must end the job), in step <step> after its first micro-batch:
+    stop         this rank SIGSTOPs itself (the test SIGKILLs what is left)
+    hang         this rank's main thread sleeps for ever (the process stays alive)
 Numerical faults (no kill; the trainer must catch them before the optimizer step):
     nan_loss     the loss of step <step> is NaN (and so is every gradient)
     nan_grad     the loss of step <step> is finite but every gradient is NaN
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Callable
 
 import torch
@@ -63,6 +67,16 @@ def maybe_oom(step: int, rank: int) -> None:
     if active("oom", step, rank):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB (FLASHGPT_FAULT=oom). "
                                      "Including non-PyTorch memory, this process has ...")
+
+
+def maybe_hang(step: int, rank: int) -> None:
+    """Freeze this process (every thread) as a stopped one would, or only its main thread, as I/O that
+    never returns would."""
+    if active("stop", step, rank):
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if active("hang", step, rank):
+        while True:
+            time.sleep(60)
 
 
 def install_nan_hook(model: torch.nn.Module, current_step: Callable[[], int], rank: int) -> None:

@@ -2,8 +2,9 @@
 metrics. Everything it drives is built by `Trainer.build` from one resolved Config.
 
 Reliability (README "Errors and what to do"): a non-finite loss or gradient norm is caught before the
-optimizer step (train.nonfinite=skip|stop); SIGTERM/SIGINT stop every rank at the same step boundary
-with a checkpoint; auto-resume falls back past damaged checkpoints (training/checkpoint.py)."""
+optimizer step (train.nonfinite=skip|stop); SIGTERM/SIGINT stop every rank at the same micro-batch
+boundary with the checkpoint of the last finished step; a rank that stops making progress ends the job
+(training/watchdog.py); auto-resume falls back past damaged checkpoints (training/checkpoint.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,7 +23,7 @@ from training.checkpoint import (CheckpointError, Checkpointer, IncompatibleChec
                                  set_rng_state)
 from training.config import Config, grad_accum_steps, save_resolved, to_dict, zero3_partitions_modules
 from training.determinism import make_deterministic
-from training.distributed import DistInfo
+from training.distributed import DistInfo, control_store, rank0_first, stop_group
 from training.engine import TorchEngine, autocast_dtype, build_engine
 from training.logging import RunLogger
 from training.gpu_telemetry import GpuTelemetry
@@ -30,6 +31,7 @@ from training.metrics import DeferredScalars, ThroughputMeter, memory_stats, pea
 from training.profiling import profile_call
 from training.run_folder import RunLock, move_aside
 from training.signals import StopSignal
+from training.watchdog import HangWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -69,17 +71,16 @@ class Trainer:
         self._lock: Optional[RunLock] = None  # rank 0's lock on the run folder, held by fit()
         self.step, self.tokens_seen, self.wandb_id = 0, 0, None
         self.skipped_steps = self.consecutive_skips = 0  # non-finite steps: in total, in a row now
+        self.abandoned_after = 0  # micro-batches of the step a signal stopped (train_step)
+        self.watchdog: Optional[HangWatchdog] = None  # several ranks with train.hang_timeout_s > 0 (fit)
         faults.install_nan_hook(engine.model, lambda: self.step + 1, dist.rank)  # tests only
 
     @classmethod
     def build(cls, cfg: Config, dist: DistInfo) -> "Trainer":
         t = cfg.train
-        # Data: rank 0 tokenizes and writes shards; the others then find them in the cache.
-        if dist.is_main:
-            prepared = prepare(cfg.data, cfg.model.vocab_size)
-        dist.barrier()
-        if not dist.is_main:
-            prepared = prepare(cfg.data, cfg.model.vocab_size)
+        # Data: rank 0 tokenizes and writes shards; the others then find them in the cache (they wait
+        # through the store, with no time limit: no collective timeout can end a long first run's wait).
+        prepared = rank0_first(dist, "preparing the data", lambda: prepare(cfg.data, cfg.model.vocab_size))
         common = dict(seq_len=cfg.model.seq_len, micro_batch_size=t.micro_batch_size,
                       eos_id=prepared.eos_id, doc_boundaries=cfg.data.doc_boundaries)
         train_loader = PackedLoader(prepared.dir, "train", rank=dist.rank, world_size=dist.world_size,
@@ -190,27 +191,38 @@ class Trainer:
         self.engine.model.train()
         return float(self.dist.all_reduce_mean(total / self.cfg.train.eval_steps))
 
-    def train_step(self, stop_requested: bool = False) -> Tuple[dict, bool]:
+    def train_step(self, signals: StopSignal) -> Tuple[Optional[dict], bool]:
         """One optimizer step over `accum` micro-batches; values stay on the device. Returns the
-        metrics and whether any rank asked to stop (a signal).
+        metrics and whether any rank asked to stop (a signal); (None, True) when the ranks agreed to
+        stop at a micro-batch boundary before the step finished (see `_abandon`).
 
-        Before the update, one fused check: [loss or grad norm non-finite, stop requested], MAX
-        all-reduced over ranks (so all ranks agree, also when gradients are sharded), read on the
-        host once. The step must branch on it, so this is one device sync per step: on a GPU the
-        host cannot queue the optimizer step until backward has finished (costs the launch latency
-        of the optimizer step, well under 1% of a step of a large model)."""
+        Before each micro-batch, `signals.agreed()`: a 4-byte gloo all-reduce on the host. Engines
+        that cannot drop part of a step's gradients (DeepSpeed counts micro-steps itself) ask only
+        before the first one. Before the update, one fused check: [loss or grad norm non-finite, stop
+        requested], MAX all-reduced over ranks (so all ranks agree, also when gradients are sharded),
+        read on the host once. The step must branch on it, so this is one device sync per step: on a
+        GPU the host cannot queue the optimizer step until backward has finished (costs the launch
+        latency of the optimizer step, well under 1% of a step of a large model)."""
         where = self.train_loader.state_dict()  # epoch / position of this step's first batch
+        rng = rng_state()  # and the RNG streams: an abandoned step reruns from exactly here on resume
         loss_sum = torch.zeros((), device=self.dist.device)
+        can_drop = isinstance(self.engine, TorchEngine)  # its gradients live on the parameters
         for micro in range(self.accum):
+            if (micro == 0 or can_drop) and signals.agreed():
+                self._abandon(micro, where, rng)
+                return None, True
             batch = self.train_loader.next_batch()
             loss_sum += self.engine.forward_backward(batch, sync=micro == self.accum - 1).float()
             if micro == 0:
                 faults.maybe_oom(self.step + 1, self.dist.rank)  # tests only
+                faults.maybe_hang(self.step + 1, self.dist.rank)  # tests only
+            if self.watchdog is not None:
+                self.watchdog.at(micro + 1)
         loss = self.dist.all_reduce_mean(loss_sum / self.accum)
         faults.maybe_kill("step", self.step + 1, self.dist.rank)  # tests only
         grad_norm = self._grad_norm()
         flags = torch.stack([(~torch.isfinite(loss) | ~torch.isfinite(grad_norm)).float(),
-                             torch.tensor(float(stop_requested), device=loss.device)])
+                             torch.tensor(float(signals.requested), device=loss.device)])
         if self.dist.enabled:
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
         nonfinite, stop = (bool(v) for v in flags.tolist())
@@ -221,6 +233,18 @@ class Trainer:
             self.consecutive_skips = 0
             stats = self.engine.step()
         return {"loss": loss, **stats, "skipped_steps": self.skipped_steps}, stop
+
+    def _abandon(self, done: int, where: dict, rng: dict) -> None:
+        """Stop inside a step after `done` micro-batches: drop their gradients and put the loader and
+        the RNG streams back to the step's start, so the checkpoint of the last finished step is what
+        an uninterrupted run held after it (the abandoned step reruns identically on resume)."""
+        self.abandoned_after = done
+        if done == 0:
+            return
+        self.engine.model.zero_grad(set_to_none=True)
+        self.engine.optimizer.zero_grad(set_to_none=True)
+        self.train_loader.load_state_dict(where)
+        set_rng_state(rng)
 
     def _grad_norm(self) -> torch.Tensor:
         """Global L2 norm of this rank's gradients (an engine may provide its own `grad_norm()`;
@@ -303,47 +327,60 @@ class Trainer:
                 telemetry.mark()
 
         restart_intervals()
-        signals = StopSignal()
+        signals = StopSignal(stop_group(self.dist))
+        self.watchdog = watchdog = self._watchdog()
+        saved = (self.step, resumed)  # the newest checkpoint: (its step, its folder)
         try:
             signals.__enter__()
             while self.step < stop_at:
                 if self.step + 1 == t.profile_step:  # one step under the profiler
                     trace = self.run_dir / f"profile_step_{t.profile_step}.json"
-                    (values, stop), shares = profile_call(lambda: self.train_step(signals.requested),
+                    (values, stop), shares = profile_call(lambda: self.train_step(signals),
                                                           self.dist.device, trace)
-                    values = {**values, **shares}
-                    logger.info(f"profiled step {t.profile_step}: " + ", ".join(
-                        f"{k.removeprefix('time_share_')} {100 * v:.1f}%" for k, v in shares.items()
-                        if k.startswith("time_share_"))
-                        + f" of {'kernel' if self.dist.device.type == 'cuda' else 'operator'} time; "
-                        f"trace {trace}")
+                    if values is not None:
+                        values = {**values, **shares}
+                        logger.info(f"profiled step {t.profile_step}: " + ", ".join(
+                            f"{k.removeprefix('time_share_')} {100 * v:.1f}%" for k, v in shares.items()
+                            if k.startswith("time_share_"))
+                            + f" of {'kernel' if self.dist.device.type == 'cuda' else 'operator'} time; "
+                            f"trace {trace}")
                 else:
-                    values, stop = self.train_step(signals.requested)
-                self.step += 1
-                self.tokens_seen += self.tokens_per_step
-                if logger.should_log(self.step):
-                    timing = meter.mark(self.step) or {}
-                    if telemetry is not None:  # tokens this GPU ran since the last mark
-                        timing.update(telemetry.mark(meter.interval_steps * self.tokens_per_step // self.dist.world_size))
-                    deferred.push(self.step, {**values, **timing, "tokens_seen": self.tokens_seen,
-                                              **memory_stats(self.dist.device)})
-                for step, metrics in deferred.pop_ready():
-                    logger.log(step, metrics)
-                if self._due(t.eval_interval) and self.val_loader is not None:
-                    logger.log_eval(self.step, {"loss": self.evaluate()})
-                    restart_intervals()
+                    values, stop = self.train_step(signals)
+                if values is not None:  # the step finished (None: abandoned on a signal)
+                    self.step += 1
+                    self.tokens_seen += self.tokens_per_step
+                    self._mark(watchdog, f"step {self.step + 1}")
+                    if logger.should_log(self.step):
+                        timing = meter.mark(self.step) or {}
+                        if telemetry is not None:  # tokens this GPU ran since the last mark
+                            timing.update(telemetry.mark(meter.interval_steps * self.tokens_per_step // self.dist.world_size))
+                        deferred.push(self.step, {**values, **timing, "tokens_seen": self.tokens_seen,
+                                                  **memory_stats(self.dist.device)})
+                    for step, metrics in deferred.pop_ready():
+                        logger.log(step, metrics)
+                    if self._due(t.eval_interval) and self.val_loader is not None:
+                        self._mark(watchdog, f"evaluation after step {self.step}")
+                        logger.log_eval(self.step, {"loss": self.evaluate()})
+                        self._mark(watchdog, f"step {self.step + 1}")
+                        restart_intervals()
                 if self._due(t.ckpt_interval) or (self.step == stop_at and (t.save_final or self.step < t.max_steps)) or stop:
                     for step, metrics in deferred.flush():
                         logger.log(step, metrics)
-                    path = self.save()
-                    logger.info(f"checkpoint: {path}")
-                    restart_intervals()
+                    if saved[0] != self.step:  # not again (a stop right after a save or resume)
+                        self._mark(watchdog, f"checkpoint save of step {self.step}")
+                        saved = (self.step, self.save())
+                        logger.info(f"checkpoint: {saved[1]}")
+                        self._mark(watchdog, f"step {self.step + 1}")
+                        restart_intervals()
                 if stop:  # every rank saw the same flag: all stop here
-                    logger.info(f"{signals.received or 'stop signal (another rank)'} received: stopped at "
-                                f"step {self.step} with checkpoint {path}; rerun the same command to resume")
+                    logger.info(self._stopped(signals.received, saved[1] if saved[0] == self.step else None,
+                                              values is None))
                     break
         finally:
             signals.__exit__()
+            if watchdog is not None:
+                watchdog.close()
+                self.watchdog = None
             if telemetry is not None:
                 telemetry.close()
             for step, metrics in deferred.flush():  # also when an error stops the run
@@ -351,17 +388,53 @@ class Trainer:
             logger.close()
             self.train_loader.close()
 
+    def _stopped(self, received: Optional[str], path: Optional[Path], abandoned: bool) -> str:
+        """The log line of a stop on a signal."""
+        why = received or "stop signal (another rank)"
+        where = f"with checkpoint {path}" if path else "before any step finished (nothing to save)"
+        part = (f" (step {self.step + 1} was abandoned after {self.abandoned_after} of {self.accum} "
+                f"micro-batches; it reruns on resume)" if abandoned and self.abandoned_after else "")
+        return f"{why} received: stopped at step {self.step} {where}{part}; rerun the same command to resume"
+
+    # --- hang watchdog (training/watchdog.py) --------------------------------------------------------
+    def _watchdog(self) -> Optional[HangWatchdog]:
+        t = self.cfg.train
+        if not self.dist.enabled or t.hang_timeout_s <= 0:
+            return None
+        return HangWatchdog(t.hang_timeout_s, self.dist.rank, self.dist.world_size, control_store(),
+                            self.step, self._rerun_hint).start()
+
+    def _mark(self, watchdog: Optional[HangWatchdog], doing: str) -> None:
+        if watchdog is not None:
+            watchdog.mark(self.step, doing)
+
+    def _rerun_hint(self) -> str:
+        done = self.checkpointer.complete()
+        if not done:
+            return "No checkpoint yet: rerunning the same command starts the run afresh."
+        how = "the same command" if self.cfg.train.resume == "auto" else "with train.resume=auto"
+        return f"Rerun {how}: it continues from {done[-1]}."
+
     def _due(self, interval: int) -> bool:
         return interval > 0 and self.step % interval == 0
 
     def _engine_banner(self) -> str:
-        sync = {"ddp": " | DDP", "after_backward": " | gradients summed after the backward",
-                "during_backward": " | gradients summed as the last backward writes them"}.get(
-            getattr(self.engine, "grad_sync", None), "")
+        """' | <engine>' and how it reduces gradients, e.g. ' | DDP', ' | FSDP2', ' | DeepSpeed ZeRO-2',
+        ' | single process', ' | DDP (gradients summed after the backward) | weight cache'."""
+        sync = getattr(self.engine, "grad_sync", None)
+        if self.cfg.engine.type == "deepspeed":
+            name = f"DeepSpeed ZeRO-{self.cfg.engine.zero_stage}"
+        elif self.cfg.engine.parallel == "fsdp":
+            name = "FSDP2"
+        elif sync is None:
+            name = "single process"
+        else:
+            name = "DDP" + {"after_backward": " (gradients summed after the backward)",
+                            "during_backward": " (gradients summed as the last backward writes them)"}.get(sync, "")
         cache = getattr(self.engine, "weight_cache", None)
         if cache is None:
-            return sync
-        return sync + " | weight cache" + (" + fp32 weight gradients" if cache.accumulated else "")
+            return f" | {name}"
+        return f" | {name} | weight cache" + (" + fp32 weight gradients" if cache.accumulated else "")
 
     def _banner(self, resumed: Optional[Path], peak_src: str) -> str:
         c = self.cfg
