@@ -19,16 +19,14 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from gpu_util import require_extension  # noqa: E402
+from gpu_util import (BACKWARD_PATHS, backward_path_fixture, cu_seqlens, every_case, require_extension,  # noqa: E402
+                      skip_same_kernel)
 from kernels import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func  # noqa: E402
 
 REPEATS = 50
 _seed = itertools.count(4700)
 
-# Backward paths: name -> the environment switch that selects it, None = the default dispatch.
-PATHS = {"default": None, "fa2": ("FLASHGPT_SM90", "0"), "fa2_bwd": ("FLASHGPT_SM90_BWD", "0"),
-         "cpasync": ("FLASHGPT_SM90_WS", "0"), "lockstep": ("FLASHGPT_SM90_BWD_PINGPONG", "0"),
-         "turns": ("FLASHGPT_SM90_BWD_PINGPONG", "1"), "headmajor": ("FLASHGPT_GRID_ORDER", "head")}
+PATHS = [n for n in BACKWARD_PATHS]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,13 +34,7 @@ def _ext():
     require_extension()
 
 
-@pytest.fixture(params=list(PATHS))
-def path(request, monkeypatch):
-    if request.param not in ("default", "headmajor") and torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("one kernel family off Hopper")
-    if PATHS[request.param] is not None:
-        monkeypatch.setenv(*PATHS[request.param])
-    return request.param
+path = backward_path_fixture(PATHS)
 
 
 def _scramble_free_memory():
@@ -75,13 +67,10 @@ DENSE = {"1023x1024": (1, 3, 3, 1023, 1024), "1024x1023": (1, 3, 3, 1024, 1023),
          "gqa": (1, 4, 2, 1023, 1024)}
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 96, 128])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@every_case
 @pytest.mark.parametrize("shape", list(DENSE))
 def test_deterministic_dense(shape, dtype, d, causal, path):
-    if d == 96 and path not in ("default", "fa2", "headmajor"):
-        pytest.skip("head dim 96 runs FA2 on every path")
+    skip_same_kernel(d, path)
     b, h, hk, sq, sk = DENSE[shape]
     q, k, v, dout = _inputs((b, sq, h, d), (b, sk, hk, d), dtype)
     _assert_repeatable(lambda: flash_attn_func(q, k, v, causal=causal, deterministic=True), (q, k, v), dout)
@@ -90,16 +79,12 @@ def test_deterministic_dense(shape, dtype, d, causal, path):
 VARLEN = {"3x799": ([3] * 6, [799] * 6), "mixed": ([1, 1023, 5, 300, 2], [1024, 1, 5, 799, 3])}
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 96, 128])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@every_case
 @pytest.mark.parametrize("batch", list(VARLEN))
 def test_deterministic_varlen(batch, dtype, d, causal, path):
-    if d == 96 and path not in ("default", "fa2", "headmajor"):
-        pytest.skip("head dim 96 runs FA2 on every path")
+    skip_same_kernel(d, path)
     lens_q, lens_k = VARLEN[batch]
-    cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(x)], dtype=torch.int32, device="cuda")
-                  for x in (lens_q, lens_k))
+    cu_q, cu_k = cu_seqlens(lens_q), cu_seqlens(lens_k)
     q, k, v, dout = _inputs((sum(lens_q), 3, d), (sum(lens_k), 3, d), dtype)
     _assert_repeatable(lambda: flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
                                                       deterministic=True), (q, k, v), dout)

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from gpu_util import require_extension  # noqa: E402
+from gpu_util import (BACKWARD_PATHS, backward_path_fixture, cu_seqlens, every_case, require_extension,  # noqa: E402
+                      skip_same_kernel)
 from kernels import flash_attn_func, flash_attn_varlen_func  # noqa: E402
 from kernels.reference import (attention_grads_flash, attention_grads_flash_varlen, attention_ref,  # noqa: E402
                                attention_varlen_ref)
@@ -29,12 +30,7 @@ from kernels.reference import (attention_grads_flash, attention_grads_flash_varl
 SCALE = 4.0  # q, k, v ~ N(0, 4^2): logits of magnitude ~16 (d 128) to ~60
 _seed = itertools.count(4200)
 
-# Backward paths: name -> the environment switch that selects it (hopper/dispatch.h), None = default.
-# On Hopper the default is the TMA kernel (head dims 64 / 128) unless the dQ tiles would not fit, then
-# the cp.async kernel (128) or FA2 (64); head dim 96 is always FA2.
-PATHS = {"default": None, "fa2": ("FLASHGPT_SM90", "0"), "fa2_bwd": ("FLASHGPT_SM90_BWD", "0"),
-         "cpasync": ("FLASHGPT_SM90_WS", "0"), "lockstep": ("FLASHGPT_SM90_BWD_PINGPONG", "0"),
-         "turns": ("FLASHGPT_SM90_BWD_PINGPONG", "1")}
+PATHS = [n for n in BACKWARD_PATHS if n != "headmajor"]  # the grid order does not change the masking
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -42,18 +38,7 @@ def _ext():
     require_extension()
 
 
-@pytest.fixture(params=list(PATHS))
-def path(request, monkeypatch):
-    if request.param != "default" and torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("one kernel family off Hopper")
-    if PATHS[request.param] is not None:
-        monkeypatch.setenv(*PATHS[request.param])
-    return request.param
-
-
-def _skip_same_kernel(path, d):
-    if d == 96 and path not in ("default", "fa2"):
-        pytest.skip("head dim 96 runs FA2 on every path")
+path = backward_path_fixture(PATHS)
 
 
 def _check(name, ours, ref, *pts):
@@ -95,12 +80,10 @@ def _compare(out, lse, inputs, dout, ref_fn, flash_grads_fn):
 DENSE = [(1, 1), (17, 2), (77, 5), (130, 17), (77, 1), (130, 2)]
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 96, 128])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@every_case
 @pytest.mark.parametrize("sq,sk", DENSE, ids=[f"{a}x{b}" for a, b in DENSE])
 def test_few_keys_large_logits_dense(sq, sk, dtype, d, causal, path):
-    _skip_same_kernel(path, d)
+    skip_same_kernel(d, path)
     q, k, v, dout = _inputs((2, sq, 3, d), (2, sk, 3, d), dtype)
     out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
     _compare(out, lse, (q, k, v), dout, lambda q_, k_, v_, up: attention_ref(q_, k_, v_, causal, upcast=up),
@@ -113,15 +96,12 @@ VARLEN = {"short": ([1, 3, 2, 5, 17, 4, 1], [1, 2, 3, 1, 5, 17, 3]),
           "long": ([1, 300, 2, 600, 77, 3], [1, 2, 3, 1, 17, 5])}
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 96, 128])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@every_case
 @pytest.mark.parametrize("batch", list(VARLEN))
 def test_few_keys_large_logits_varlen(batch, dtype, d, causal, path):
-    _skip_same_kernel(path, d)
+    skip_same_kernel(d, path)
     lens_q, lens_k = VARLEN[batch]
-    cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(x)], dtype=torch.int32, device="cuda")
-                  for x in (lens_q, lens_k))
+    cu_q, cu_k = cu_seqlens(lens_q), cu_seqlens(lens_k)
     q, k, v, dout = _inputs((sum(lens_q), 3, d), (sum(lens_k), 3, d), dtype)
     out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
                                       return_lse=True)
