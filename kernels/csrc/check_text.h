@@ -3,7 +3,7 @@
 // TORCH_CHECK builds its message with an std::ostringstream compiled into our extension. Where the
 // compiler links libstdc++ statically into the extension (the lent GPU machines' CXX does: no
 // libstdc++ in the .so's NEEDED list), that copy's number formatting crashes with SIGSEGV while text
-// streams fine (kernels/NOTES.md session 17; devx probe: `os << int64_t(3)` crashes, std::to_string
+// streams fine (kernels/NOTES.md; a probe there: `os << int64_t(3)` crashes, std::to_string
 // does not). So every number or shape in a message goes through these first:
 //
 //   TORCH_CHECK(ok, "x has ", flashgpt::num(K), " features but w1 is ", flashgpt::dims(w1.sizes()));

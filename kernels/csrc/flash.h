@@ -40,7 +40,7 @@ struct Flash_fwd_params {
     float scale_softmax_log2;  // scale * log2(e): exp(x*scale) = exp2(x*scale_log2)
     bool is_causal;            // bottom-right aligned causal mask
     int *tile_counter;         // forward: two ints for the persistent Hopper kernel's work list, zero
-                               // at launch and left zero by the kernel (one pair per stream, v24), or
+                               // at launch and left zero by the kernel (one pair per stream), or
                                // nullptr: one CTA per tile
 };
 

@@ -33,7 +33,7 @@ void poison(at::Tensor &t) {
 // cp.async moves 16-byte chunks: the last dim must be contiguous, the other strides multiples
 // of 8 elements and the base 16-byte aligned. Anything else is copied to a contiguous tensor.
 // The persistent Hopper forward's work counter pair for one (device, stream): zeroed once here, on the
-// stream, and left zero by every launch (the kernel's last CTA resets it, v24) -- no memset per call.
+// stream, and left zero by every launch (the kernel's last CTA resets it) -- no memset per call.
 // One pair per stream because launches on one stream never overlap; never freed (8 bytes a stream).
 int *stream_tile_counter(int device, cudaStream_t stream) {
     static std::mutex mutex;

@@ -8,7 +8,7 @@
 //            A operands from sP / sdS (all BM queries), B operands dO / Q via ldmatrix.trans
 //   phase 4  dQ += dS K                     (flash_bwd_common.h)
 // Each warp reads a quarter of Q/dO per product instead of all of it, at the price of writing
-// P^T/dS^T to shared memory once: fewer shared-memory bytes per HMMA (kernels/NOTES.md, v7).
+// P^T/dS^T to shared memory once: fewer shared-memory bytes per HMMA (kernels/NOTES.md).
 #pragma once
 #include "flash_bwd_common.h"
 #include "kernel_traits.h"

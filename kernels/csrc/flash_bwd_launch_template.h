@@ -54,7 +54,7 @@ using BwdTraits = Flash_bwd_kernel_traits<D, BM, BN, W, T, MINB, UNROLL, DQM>;
 
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim64(Flash_bwd_params &params, cudaStream_t stream) {
-    // On Hopper the TMA backward (session 5); the FA2 backward elsewhere, under FLASHGPT_SM90_WS=0
+    // On Hopper the TMA backward; the FA2 backward elsewhere, under FLASHGPT_SM90_WS=0
     // (there is no cp.async wgmma backward at head dim 64) and where a tensor breaks a TMA rule.
     if (flash::sm90::use(flash::sm90::kBwd, 64, Is_causal, params.seqlen_k) && flash::sm90::ws_kernels() &&
         run_flash_bwd_sm90_ws<T, 64, Is_causal>(params, stream))

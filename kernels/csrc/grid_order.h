@@ -1,21 +1,21 @@
 // Which (batch * head, block) each thread block of a forward or backward grid works on.
 //
-// Block-major order (the default since session 5) runs the blocks of one (batch, head) side by side:
-// they share its K/V (forward) or its Q/dO reads and dQ reduce-adds (backward) in L2. Head-major
-// order (sessions 1-4) puts one block of each of ~132 heads in a wave: at short sequences with many
-// heads every block re-read its head's tensors from HBM (16k tokens, 512 per sequence, head dim 128:
-// 4x the K/V traffic; kernels/NOTES.md, session 5). FLASHGPT_GRID_ORDER=head restores it (read on
-// every launch: kernels/bench.py --compare-headmajor).
+// Block-major order (the default) runs the blocks of one (batch, head) side by side: they share its
+// K/V (forward) or its Q/dO reads and dQ reduce-adds (backward) in L2. Head-major order puts one
+// block of each of ~132 heads in a wave: at short sequences with many heads every block re-reads its
+// head's tensors from HBM (16k tokens, 512 per sequence, head dim 128: 4x the K/V traffic;
+// kernels/NOTES.md). FLASHGPT_GRID_ORDER=head selects it (read on every launch: kernels/bench.py
+// --compare-headmajor).
 //
-// Heads in groups (session 7): CTAs start in launch order as SMs free up, so under a causal mask
+// Heads in groups: CTAs start in launch order as SMs free up, so under a causal mask
 // (blocks of unequal work, heaviest first) the order is a list schedule. Plain block-major launches
 // one head's blocks heaviest to lightest, then the next head's: the last head's heaviest block starts
 // late and runs alone at the end (greedy-schedule model, 132 SMs, causal 8k, 16 heads: 11% over the
 // ideal at batch 1, 5.6% at batch 2). Launching G heads interleaved -- block 0 of heads 0..G-1, then
 // block 1 of each, ... -- comes within 0.1% of the ideal from G = 2, with the blocks in flight still
-// on ~G heads' tensors. Measured (H100, RESULTS v12): the Hopper kernels (one CTA per SM, the model's
-// case) gain up to 10% at batch 1, causal 8k; the FA2 kernels (several CTAs per SM) were mixed
-// (head dim 64 causal 1k backward -11%) and keep G = 1. The launch code passes its default G;
+// on ~G heads' tensors. Measured (H100, bench/RESULTS.md): the Hopper kernels (one CTA per SM, the
+// model's case) gain up to 10% at batch 1, causal 8k; for the FA2 kernels (several CTAs per SM) it is
+// mixed (head dim 64 causal 1k backward -11%), so they keep G = 1. The launch code passes its default G;
 // FLASHGPT_GRID_GROUP=G overrides it for every kernel (read per launch; 1 = plain block-major).
 //
 // One grid shape covers all three: grid (G, blocks, batch * heads / G), launch order x fastest, so

@@ -78,7 +78,7 @@ struct Flash_bwd_kernel_traits {
 //   dQ         (kBlockM queries x kHeadDim)     as kDQWarpsM x kDQWarpsN.
 // P^T and dS^T go through shared memory between the phases. Against the 1-D layout (16 keys per
 // warp, every warp reading the whole Q and dO tile twice) this cuts shared-memory reads per HMMA by
-// ~20% at the same dK/dV register budget (kernels/NOTES.md, v7).
+// ~20% at the same dK/dV register budget (kernels/NOTES.md).
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kWarpsK_, typename elem_type,
           int kDQMTiles_ = 2>
 struct Flash_bwd_2d_kernel_traits {

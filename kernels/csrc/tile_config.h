@@ -8,14 +8,14 @@
 // FLASH_TUNE selects an alternative set for tuning sweeps, built side by side with
 //   FLASHGPT_NVCC_EXTRA=-DFLASH_TUNE=<n> python -m kernels.bench --only-ours ...
 // (macros, not -D values with commas: nvcc splits -D arguments at commas).
-// The default set (FLASH_TUNE 0) is the best measured so far; kernels/NOTES.md has the numbers.
+// The default set (FLASH_TUNE 0) is the fastest measured; kernels/NOTES.md has the numbers.
 #pragma once
 
 #ifndef FLASH_TUNE
 #define FLASH_TUNE 0
 #endif
 
-#if FLASH_TUNE == 0 || FLASH_TUNE == 9   // 9: the default set without the 2-D backward (v6, for A/B runs)
+#if FLASH_TUNE == 0 || FLASH_TUNE == 9   // 9: the default set without the 2-D backward (for A/B runs)
 #define FLASH_FWD_HD64 128, 64, 4, 1
 #define FLASH_FWD_HD96 128, 32, 4, 1
 #define FLASH_FWD_HD128 128, 64, 4, 1
@@ -26,7 +26,7 @@
 #define FLASH_BWD2D_HD96 64, 128, 8, 4, 1
 #define FLASH_BWD2D_HD128 64, 128, 8, 4, 2
 #endif
-#elif FLASH_TUNE == 1   // v1 forward tiles: 16 query rows per warp
+#elif FLASH_TUNE == 1   // forward: 16 query rows per warp
 #define FLASH_FWD_HD64 128, 128, 8, 1
 #define FLASH_FWD_HD96 128, 64, 8, 1
 #define FLASH_FWD_HD128 128, 64, 8, 1

@@ -109,7 +109,7 @@ __device__ __forceinline__ void issue_rs_over_queries(float (&acc)[D / 2], const
 // As issue_rs_over_queries with A from shared memory: a_rows is this warpgroup's 64 rows (keys) of a
 // swizzled 128-key x NQ-query tile (P^T or dS^T, queries contiguous: K-major). The head-dim-64
 // backward uses it for dV and dK: a register-A wgmma with N = 64 runs at ~42% of the tensor rate
-// when one warpgroup issues it (session 6 microbenchmark), the shared-memory form at 100%.
+// when one warpgroup issues it (H100 microbenchmark), the shared-memory form at 100%.
 template <typename T, int D, int NQ>
 __device__ __forceinline__ void issue_ss_over_queries(float (&acc)[D / 2], uint32_t a_rows, uint32_t b_base) {
     static_assert(D == 64, "used at head dim 64");
@@ -121,8 +121,8 @@ __device__ __forceinline__ void issue_ss_over_queries(float (&acc)[D / 2], uint3
     wgmma_commit();
 }
 
-// dS^T = P^T o (dP^T - D) straight into A fragments, P^T from its fp32 registers (session 6: with the
-// loops no longer hoisting addresses these fit without spills, and skip 32 unpacks per block: +1-2%;
+// dS^T = P^T o (dP^T - D) straight into A fragments, P^T from its fp32 registers (they fit without
+// spills as the loops do not hoist addresses, and skip 32 unpacks per block: +1-2%;
 // -DFLASHGPT_BWD_BF16_P unpacks the 16-bit fragments instead). sDs: the block's D entries.
 template <typename T, int N>
 __device__ __forceinline__ void make_dst(const uint32_t (&a_p)[N / 8][4], const float (&s)[N], const float (&dp)[N],
@@ -133,7 +133,7 @@ __device__ __forceinline__ void make_dst(const uint32_t (&a_p)[N / 8][4], const 
         for (int e = 0; e < 4; ++e) {  // fragment e: n8 tile j = 2kc + e/2, rows +8*(e%2)
             const int j = 2 * kc + e / 2, i0 = 4 * j + 2 * (e % 2);
             const float2 dsum = *reinterpret_cast<const float2 *>(sDs + 8 * j + 2 * t);
-#ifdef FLASHGPT_BWD_BF16_P  // P^T read back from its 16-bit fragments (sessions 3-5: fewer live registers)
+#ifdef FLASHGPT_BWD_BF16_P  // P^T read back from its 16-bit fragments (fewer live registers)
             const float2 pp = unpack2<T>(a_p[kc][e]);
 #else
             const float2 pp = make_float2(s[i0], s[i0 + 1]);

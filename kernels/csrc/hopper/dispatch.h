@@ -2,8 +2,8 @@
 // holds sm_90a code (kernels/build.py defines FLASHGPT_HAS_SM90A when TORCH_CUDA_ARCH_LIST has
 // 9.0a), unless the environment says FLASHGPT_SM90=0 (read on every call, so a benchmark can time
 // both paths in one process: kernels/bench.py --compare-fa2); then per shape class, as the tuning
-// cache says (kernels/tune.py -> set_sm90_choice) or else by the built-in default measured in
-// sessions 4-8 (kernels/NOTES.md): Hopper for head dims 64 and 128, forward and backward.
+// cache says (kernels/tune.py -> set_sm90_choice) or else by the built-in default, the faster family
+// measured on an H100 (kernels/NOTES.md): Hopper for head dims 64 and 128, forward and backward.
 #pragma once
 #include <cuda_runtime.h>
 #include "../flash.h"
@@ -41,34 +41,34 @@ inline bool pingpong_forward() {
 }
 
 // The TMA kernels write O (forward) and dK / dV (backward) through shared memory and TMA stores,
-// unless FLASHGPT_SM90_TMA_STORE=0: direct stores from registers, as up to v13 (read on every call;
+// unless FLASHGPT_SM90_TMA_STORE=0: direct stores from registers (read on every call;
 // kernels/bench.py --compare-directstore).
 inline bool tma_store_epilogue() {
     return !env_is("FLASHGPT_SM90_TMA_STORE", "0");
 }
 
 // The TMA forward as a persistent kernel (one CTA per SM taking tiles from a counter, the next tile's
-// Q loading during the current one) unless FLASHGPT_SM90_PERSISTENT=0: one CTA per tile, as up to
-// v14 (read on every call; kernels/bench.py --compare-nopersist).
+// Q loading during the current one) unless FLASHGPT_SM90_PERSISTENT=0: one CTA per tile (read on
+// every call; kernels/bench.py --compare-nopersist).
 inline bool persistent_forward() {
     return !env_is("FLASHGPT_SM90_PERSISTENT", "0");
 }
 
-// v22: the persistent TMA forward without a tile counter -- CTA i takes tiles i, i + CTAs, ... -- where
-// all tiles are equal: head dim 128 with no causal mask and no packed sequences. No counter to zero
-// before the launch, no atomic between tiles: +0.5% at 512 keys (RESULTS v22). Not at head dim 64,
-// whose last block is cheaper since v19 (the counter's list schedule balances it: -5% there, session
-// 12), nor under a causal mask. FLASHGPT_SM90_FWD_COUNTER=1 keeps the counter (read on every call;
+// The persistent TMA forward without a tile counter -- CTA i takes tiles i, i + CTAs, ... -- where
+// all tiles are equal: head dim 128 with no causal mask and no packed sequences. No atomic between
+// tiles: +0.5% at 512 keys (H100, bench/RESULTS.md). Not at head dim 64, whose last block of a
+// sequence is cheaper than the others (the counter's list schedule balances it; strided: -5%), nor
+// under a causal mask. FLASHGPT_SM90_FWD_COUNTER=1 keeps the counter (read on every call;
 // kernels/bench.py --compare-counter).
 inline bool strided_forward(int head_dim, bool causal, bool varlen) {
     return head_dim == 128 && !causal && !varlen && persistent_forward() && !env_is("FLASHGPT_SM90_FWD_COUNTER", "1");
 }
 
-// Consumer warpgroups of the head-dim-64 TMA forward: 3 (192-row query blocks, v16) or 2 (128 rows).
-// Default: 3. (v16 kept 2 for causal under 2k queries, where a 192-row block's padding cost 6-8%;
-// since v17 a warpgroup skips the key tiles its own rows do not see, and 3 lead at every size: H100
-// harness +2.5% causal 512 / 1k, +5% 2k / 4k against 2.) FLASHGPT_SM90_FWD_WARPGROUPS=2 or 3 forces
-// one (read on every call; kernels/bench.py --compare-fwd2wg).
+// Consumer warpgroups of the head-dim-64 TMA forward: 3 (192-row query blocks) or 2 (128 rows).
+// Default: 3, ahead at every size (H100 harness: +2.5% causal 512 / 1k, +5% 2k / 4k against 2);
+// under a causal mask each warpgroup skips the key tiles its own rows do not see, so the larger
+// block's padding costs little. FLASHGPT_SM90_FWD_WARPGROUPS=2 or 3 forces one (read on every call;
+// kernels/bench.py --compare-fwd2wg).
 inline int fwd_warpgroups_hd64() {
     if (env_is("FLASHGPT_SM90_FWD_WARPGROUPS", "2")) return 2;
     return 3;
@@ -102,17 +102,17 @@ inline bool hopper_backward() {
 inline bool use(Pass pass, int head_dim, bool causal, int seqlen_k) {
     if (!enabled() || (head_dim != 64 && head_dim != 128) || (pass == kBwd && !hopper_backward())) return false;
     if (always_hopper()) return true;
-    // The tuning cache's choice, else (-1) the measured default: the Hopper family everywhere.
-    // (Sessions 6-7 defaulted to the FA2 backward for head dim 64 below 2k keys, 2-7% faster then;
-    // with session 8's tiled dQ accumulator the TMA backward is ahead there too, +2-30% f+b.)
+    // The tuning cache's choice, else (-1) the measured default: the Hopper family everywhere (with
+    // its tiled dQ accumulator the TMA backward leads the FA2 one also at head dim 64 below 2k keys,
+    // H100: +2-30% f+b).
     return sm90_choice(pass, head_dim, causal, seqlen_bucket(seqlen_k)) != 0;
 }
 
 // The TMA backward's two consumer warpgroups take turns on the tensor pipe, each block's dQ product
-// one step late (v25 at head dim 128, v26 at 64; flash_bwd_sm90_ws.h), from 1024 queries (max per
-// sequence when packed); below, the late dQ's ramp and the turns cost more than they hide (H100:
-// head dim 64 non-causal 512 -4%, head dim 128 512 -0.6% / 0%; from 1k on 0 to +7%). Otherwise the
-// warpgroups walk in lock-step and meet before each dQ product, as up to v24.
+// one step late (head dims 64 and 128; flash_bwd_sm90_ws.h), from 1024 queries (max per sequence
+// when packed); below, the late dQ's ramp and the turns cost more than they hide (H100: head dim 64
+// non-causal 512 -4%, head dim 128 512 -0.6% / 0%; from 1k on 0 to +7%). Otherwise the warpgroups
+// walk in lock-step and meet before each dQ product.
 // Above 1k keys kernels/tune.py times both per shape class and its cache can set either (choice 2 / 3
 // of the backward); the <= 1k bucket holds both sides of the threshold, so there it stays.
 // FLASHGPT_SM90_BWD_PINGPONG=0: lock-step everywhere, =1: turns at every size, over the cache too

@@ -1,4 +1,4 @@
-// Hopper backward (issue 8): the FA2 backward (parallel over key blocks, dQ accumulated with atomics)
+// Hopper backward: the FA2 backward (parallel over key blocks, dQ accumulated with atomics)
 // with all five products on wgmma. Head dim 128 on sm_90a; dispatch: hopper/dispatch.h.
 //
 // Block: 128 keys (n_block), 2 warpgroups (256 threads); warpgroup wg owns keys 64wg..64wg+63, warp w

@@ -1,4 +1,4 @@
-// Hopper backward, warp-specialised (issue 8, v2): the wgmma backward of flash_bwd_sm90.h with its
+// Hopper backward, warp-specialised: the wgmma backward of flash_bwd_sm90.h with its
 // memory traffic moved off the consumer warpgroups -- TMA loads of K, V, Q, dO, and dQ added to the
 // fp32 accumulator by bulk reduce-adds from shared memory instead of per-thread atomics.
 //
@@ -24,7 +24,7 @@
 // Ragged edges: TMA zero-fills rows past a tensor's end but, packed (varlen), reads the next
 // sequence's rows; P^T is therefore masked to 0 for keys >= sk and queries >= sq, which zeroes their
 // dS^T too (dQ/dK/dV rows past the sequence are never written).
-// From 1024 queries (hopper/dispatch.h pingpong_backward; v25 head dim 128, v26 head dim 64) the
+// From 1024 queries (hopper/dispatch.h pingpong_backward; head dims 128 and 64) the
 // consumers take turns (pingpong) and each block's dQ product runs one step late, so they never meet
 // at a barrier -- see the Pingpong loops; dS^T then rotates through three buffers (ds_full /
 // ds_empty mbarriers) and dQ is staged in one buffer.
@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
 
     mbar_wait(kv_full, 0);
     if constexpr (D == 64 && Pingpong) {
-        // v26: head dim 64 in turns with dQ one step late, as the head-dim-128 loop below (its
+        // Head dim 64 in turns with dQ one step late, as the head-dim-128 loop below (its
         // comment has the why). P^T goes to block it's dS^T buffer (it % 3) as in the lock-step loop
         // after this one, so the buffer's empty barrier is waited before P^T; a warpgroup's own rows
         // of P^T and of dS^T are read by its own dV / dK only: barrier 3 + cw (its 128 threads).
@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         // Head dim 64, 128 queries per block: per block a warpgroup's products are half as long as at
         // head dim 128 while its elementwise work and fixed costs are not, so the block is twice as
         // wide (S^T, dP^T m64n128). dV and dK read P^T and dS^T from shared memory (a register-A
-        // wgmma with N = 64 runs at ~42% of the tensor rate from one warpgroup: session 6); P^T goes
+        // wgmma with N = 64 runs at ~42% of the tensor rate from one warpgroup, measured); P^T goes
         // to this block's dS^T buffer (this warpgroup's 64 key rows) and, once dV has read it, dS^T
         // overwrites it. Each warpgroup computes dQ for its 64 of the block's 128 queries (all 128
         // keys, both halves of dS^T: the named barrier). Buffer (it + 1) % 2 is written at block it + 1
@@ -397,17 +397,17 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             stage_dq(acc_dq, it);  // sub-tile cw: queries 64cw..
         }
     } else if constexpr (Pingpong) {
-        // v25, head dim 128: the two warpgroups take turns (pingpong) and each block's dQ product runs
+        // Head dim 128: the two warpgroups take turns (pingpong) and each block's dQ product runs
         // one step late. A warpgroup issues its S^T and dP^T only once the other has issued its dV of
         // the step before (warpgroup 2: of the same step), so one's exp and dS^T run under the other's
-        // products instead of both waiting on the tensor pipe together (the loop below walks in lock-
-        // step: session 8's trace, pipe 57% busy). For that they may no longer meet once per step, as
-        // the loop below does before its dQ product (both halves of dS^T): block it's dQ runs in step
+        // products instead of both waiting on the tensor pipe together (the lock-step loop below keeps
+        // the pipe 57% busy in a trace). For that they must not meet once per step, as the loop below
+        // does before its dQ product (both halves of dS^T): block it's dQ runs in step
         // it + 1, after that step's dS^T is stored, and waits only for the other warpgroup's half of
         // block it's dS^T, stored about half a step earlier. dS^T rotates through three buffers (block
         // it in it % 3; full / empty mbarriers), and one dQ staging buffer makes the room.
-        // Prediction: the pipe's idle exp phases filled, +5-10% backward. Measured: +3-4% f+b at 4k-16k
-        // (backward alone +7% at causal 8k; trace: step 4540 -> 4290 clocks, warpgroups 1500 apart).
+        // Measured against lock-step on an H100: +3-4% f+b at 4k-16k (backward alone +7% at causal
+        // 8k; trace: step 4540 -> 4290 clocks, warpgroups 1500 apart).
         const int steps = range.m_max - range.m_min;
         for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
             const int s = it & 1, bd = it % 3;

@@ -1,6 +1,7 @@
-// Hopper forward (issue 8): the FA2 forward of flash_fwd_kernel.h with both products on wgmma and
-// the softmax of one key tile overlapping the PV product of the previous one. The default for head
-// dims 64 and 128 on sm_90 (hopper/dispatch.h). Next: warp specialisation (producer warp + TMA).
+// Hopper forward: the FA2 forward of flash_fwd_kernel.h with both products on wgmma and
+// the softmax of one key tile overlapping the PV product of the previous one. Head dims 64 and 128 on
+// sm_90 where the warp-specialised TMA forward (flash_fwd_sm90_ws.h) cannot run or is switched off
+// (hopper/dispatch.h ws_kernels).
 //
 // Block: 128 query rows, 2 warpgroups (256 threads); warpgroup wg owns rows 64wg..64wg+63, warp w of
 // it rows 16w..16w+15 of those (the wgmma accumulator layout, wgmma.h). Keys in steps of BN = 128.

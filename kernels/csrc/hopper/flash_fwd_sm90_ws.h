@@ -1,11 +1,11 @@
-// Hopper forward, warp-specialised (issue 8, v2): the wgmma forward of flash_fwd_sm90.h with its
+// Hopper forward, warp-specialised: the wgmma forward of flash_fwd_sm90.h with its
 // loads moved to a producer warpgroup that drives the TMA, so the consumer warpgroups never wait
 // for each other at a block-wide barrier -- each proceeds as soon as its tiles have landed.
 //
 // Block: 1 + NC warpgroups (NC = 2 consumers at head dim 128: 384 threads; at head dim 64 3, 512
-// threads, v16). Under a causal mask each consumer warpgroup skips the key tiles its rows do not see
-// (v17), and at head dim 128 runs its diagonal tile's products on 64 keys where its rows see no more
-// (v20); at head dim 64, up to 2k rows, a sequence's short block comes first (v21, block_rows).
+// threads). Under a causal mask each consumer warpgroup skips the key tiles its rows do not see,
+// and at head dim 128 runs its diagonal tile's products on 64 keys where its rows see no more; at
+// head dim 64, up to 2k rows, a sequence's short block comes first (block_rows).
 // Warpgroup 0, the producer, gives its registers away (setmaxnreg 24) and one of its threads
 // issues every TMA load: Q once per tile, then K_it and V_it for each key tile into a ring of kStages
 // buffers each. Warpgroups 1..NC, the consumers (setmaxnreg 240 / 160), own query rows 64 (w - 1) ..
@@ -18,14 +18,14 @@
 //   has completed. The ring runs on from tile to tile: the CTA's k-th K/V tile uses slot k % kStages
 //   in round k / kStages; a waiter on round r waits for parity r & 1 (full) or (r & 1) ^ 1 (empty:
 //   round 0 passes at once on a fresh barrier).
-// Persistent (v15, session 10): one CTA per SM walks the work list (FwdTiles: the tiles in the launch
+// Persistent: one CTA per SM walks the work list (FwdTiles: the tiles in the launch
 // order of a one-CTA-per-tile grid, taken from an atomic counter, so the causal list schedule stays).
 // Q is double-buffered: the producer loads the next tile's Q and first K/V while the consumers finish
 // the current tile, and each consumer warpgroup stages its O rows in the current Q buffer for the
 // TMA store, freeing the buffer (q_empty) once the store has read it. No CTA start-up, barrier setup
 // or epilogue stands between two tiles of an SM. FLASHGPT_SM90_PERSISTENT=0: one CTA per tile.
 // Shared memory (128B-swizzled, wgmma.h): 2 x Q 64 NC x D, kStages x (K, V) 128 x D, the barriers,
-// the two tiles, decoded by the producer (v18).
+// the two tiles, decoded by the producer.
 #pragma once
 #include <algorithm>
 #include <type_traits>
@@ -104,13 +104,13 @@ struct FwdTmaMaps {
 // counter (persistent launch, one CTA per SM) each CTA then takes tile gridDim.x + atomicAdd(counter, 1)
 // until the list is done (exactly num_tiles fetches per launch: each CTA's last one fails) -- the same list schedule as a launch of num_tiles CTAs, without a CTA's
 // start-up and epilogue between tiles. Without one (counter == nullptr) every CTA runs one tile --
-// except the Strided kernels (v22: head dim 128 without a causal mask or packed sequences, where all
+// except the Strided kernels (head dim 128 without a causal mask or packed sequences, where all
 // tiles are equal), whose CTA i, one per SM, takes tiles i, i + gridDim.x, ...: no counter to zero
 // before the launch and no atomic between tiles.
 struct FwdTiles {
     int group, num_blocks, num_tiles;
     // [0] the next tile - gridDim.x, [1] CTAs past the list; both zero at launch, and the last CTA past
-    // the list sets them back to zero (v24), so one pair serves every launch on a stream.
+    // the list sets them back to zero, so one pair serves every launch on a stream.
     // nullptr: one tile per CTA.
     int *counter;
 };
@@ -121,18 +121,18 @@ __device__ __forceinline__ GridTile fwd_tile_at(const FwdTiles &tiles, int linea
     return GridTile{z * tiles.group + x, y, tiles.num_blocks};
 }
 
-// Where query block m of a sequence of sq rows starts, and its rows (.x, .y). Short_first (v21: head
+// Where query block m of a sequence of sq rows starts, and its rows (.x, .y). Short_first (head
 // dim 64 under a causal mask, 192-row blocks, launched where the longest sequence has at most
 // kShortFirstMaxRows rows): block 0 holds the remainder r = sq - 192 (nb - 1) (1..192 rows), blocks
-// 1.. are full and the last ends at sq. With blocks at multiples of 192 the remainder was the last
+// 1.. are full and the last ends at sq. With blocks at multiples of 192 the remainder is the last
 // block -- the heaviest under a causal mask, 4 or 8 key tiles at 512 / 1k -- where its idle
 // warpgroups still take a turn per key tile and the rows that are there wait for all of them; at the
 // front it is the lightest block. Per head the warpgroup steps are as many; the key tiles on the
-// blocks' critical paths fall from 9 to 8 at 512, 32 to 27 at 1k. Harness, three calls (RESULTS v21):
+// blocks' critical paths fall from 9 to 8 at 512, 32 to 27 at 1k. H100 harness, three calls:
 // +1.3 to +2.2% at 512, +2.9 to +3.5% at 1k; 2k and 4k within the harness's spread (-2.5 to +1.8%);
 // 8k / 16k -1.2 / -1.7% in the first two calls (tensor bound there: the critical path counts for
-// little). So a separate instantiation, launched up to 2k rows, and longer sequences keep v20's
-// kernel, byte for byte.
+// little). So a separate instantiation, launched up to 2k rows; longer sequences use the
+// multiple-of-192 layout.
 constexpr int kShortFirstMaxRows = 2048;
 template <int BM, bool Short_first>
 __device__ __forceinline__ int2 block_rows(int m_block, int sq) {
@@ -145,7 +145,7 @@ __device__ __forceinline__ int2 block_rows(int m_block, int sq) {
 }
 
 // NC consumer warpgroups, each owning 64 query rows of the block: two at head dim 128; at head dim 64
-// three (v16; the default everywhere since v17: fwd_warpgroups_hd64 in dispatch.h), where a
+// three (the default: fwd_warpgroups_hd64 in dispatch.h), where a
 // key tile's products take half as long as at 128 for the same softmax work, so two warpgroups'
 // products are needed to cover one warpgroup's softmax (FlashAttention-3's choice).
 template <int NC> constexpr int kWsThreads = 128 * (1 + NC);
@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
                              const FwdTiles tiles) {
 #ifdef FLASHGPT_WGMMA_ENABLED
     constexpr int BM = kWsBM<NC>, BN = kWsBN, S = kWsStages<D>;
-    constexpr bool kShortFirst = Short_first;  // block layout: block_rows (v21)
+    constexpr bool kShortFirst = Short_first;  // block layout: block_rows
     static_assert(!Short_first || (NC == 3 && Is_causal), "the short-first layout is for 192-row causal blocks");
     static_assert(!Strided || (D == 128 && !Is_causal), "the strided schedule is for equal tiles (FwdTiles)");
     constexpr int kTile = kWsTileBytes<D>, kQTile = kWsQTileBytes<D, NC>;
@@ -183,10 +183,10 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
     const uint32_t bar = sQ + kWsBarrierOffset<D, NC>;
     const uint32_t q_full = bar, q_empty = bar + 8 * kWsQBufs, k_full = q_empty + 8 * kWsQBufs,
                    v_full = k_full + 8 * S, k_empty = v_full + 8 * S, v_empty = k_empty + 8 * S;
-    // Per Q buffer, the tile it holds, decoded by the producer (v18): m_block (-1: no more tiles), b, h,
-    // and its key tiles (-1: a block past a packed sequence's end). The consumers once decoded the id
-    // themselves: ~8 integer divisions, a dependent chain of ~1200 clocks between two tiles while the
-    // other warpgroup waited at the same boundary (bench/fwd_trace.cu's per-tile timeline, session 11).
+    // Per Q buffer, the tile it holds, decoded by the producer: m_block (-1: no more tiles), b, h,
+    // and its key tiles (-1: a block past a packed sequence's end). Decoding in the consumers would put
+    // ~8 integer divisions, a dependent chain of ~1200 clocks, between two tiles while the other
+    // warpgroup waits at the same boundary (measured with bench/fwd_trace.cu's per-tile timeline).
     volatile int *tile_info = reinterpret_cast<volatile int *>(smem + kWsBarrierOffset<D, NC> + (2 * kWsQBufs + 4 * S) * 8);
 
 #ifdef FLASHGPT_FWD_TRACE
@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
                     tile_info[4 * qb] = -1;
                     mbar_arrive_if(q_full + 8 * qb, true);
                     if constexpr (!Strided) {
-                        // v24: the last CTA past the list puts the counter back to zero for the next
+                        // The last CTA past the list puts the counter back to zero for the next
                         // launch on this stream (no memset before each launch). This CTA's last fetch
                         // is done (its value was read above); every other CTA's too once the count of
                         // CTAs past the list reaches gridDim.x.
@@ -395,14 +395,14 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
         auto key_block = [&](int it) { return n_tiles - 1 - it; };  // from the causal diagonal down
         if constexpr (NC == 3 && !Is_causal) {
             if (fb.rows_left <= 64 * cw) {
-                // v19: none of this warpgroup's rows is in the sequence (the last block of a sequence
-                // that is not a multiple of 192 rows, e.g. 512 = 2 x 192 + 128). It used to run all of
-                // the block's key tiles' products on them anyway (4 of the last block's 12 warpgroup
-                // steps at 512) and store nothing; now it only takes the n_tiles + 1 turns the products'
-                // path takes (one per key tile, one for the last PV). +2% at 512, +6% at 1k (head dim 64,
-                // non-causal). Compiled only here: under a causal mask such a warpgroup already ran one
-                // tile's products (v17's skip), the path measured 0 to -2.5% (causal 512-2k), and the
-                // branch alone cost the head-dim-128 kernels ~1% at 512 (code layout): RESULTS v19.
+                // None of this warpgroup's rows is in the sequence (the last block of a sequence
+                // that is not a multiple of 192 rows, e.g. 512 = 2 x 192 + 128). Rather than run the
+                // block's key tiles' products for nothing (4 of the last block's 12 warpgroup steps at
+                // 512), it only takes the n_tiles + 1 turns the products' path takes (one per key tile,
+                // one for the last PV): +2% at 512, +6% at 1k (head dim 64, non-causal, H100). Compiled
+                // only here: under a causal mask such a warpgroup runs one tile's products (the skip
+                // below), this path measured 0 to -2.5% (causal 512-2k), and the branch alone cost the
+                // head-dim-128 kernels ~1% at 512 (code layout).
                 for (int it = 0; it < n_tiles; ++it) pass_tile(it);
                 take_turn();
                 pass_turn();
@@ -422,7 +422,7 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
                                                     params.scale_softmax_log2, g, t);
         };
 
-        // This warpgroup's first key tile (v17). Under a causal mask the rows of one warpgroup may
+        // This warpgroup's first key tile. Under a causal mask the rows of one warpgroup may
         // see fewer key tiles than the block's last rows: with three warpgroups (192-row blocks, 128-key
         // tiles) the first 64 rows of a block skip its diagonal-most tile or two. A skipped tile still
         // takes its turn (the round robin stays in step) and releases its ring slots -- after they
@@ -430,19 +430,19 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
         // the products below run on every path (rows with no key come out as empty rows, as without
         // the skip; a warpgroup with no row in the sequence took the path above).
         int it0 = 0;
-        bool half0 = false;  // this warpgroup's first key tile: only its first 64 keys are seen (v20)
+        bool half0 = false;  // this warpgroup's first key tile: only its first 64 keys are seen
         if constexpr (Is_causal) {
             const int row_end = kShortFirst ? row_start + fb.rows_left : seq.sq;  // past the block's last row
             const int row_first = row_start + cw * 64, last_key = min(row_first + 63, row_end - 1) + fb.causal_off;
             const int n_mine = row_first >= row_end || last_key < 0 ? 0 : last_key / BN + 1;
             it0 = max(0, n_tiles - max(1, n_mine));
-            // v20: on the causal diagonal a warpgroup's 64 rows often end before the key tile's 65th key
+            // On the causal diagonal a warpgroup's 64 rows often end before the key tile's 65th key
             // (with 128-row blocks: the block's first warpgroup on every diagonal); its QK^T then runs
             // at N = 64 and, when this is also its last tile, its PV on 64 keys: half the products of
             // the step that opens each tile (diagonal first). Head dim 128 only: at 64 (every other
             // warpgroup of the 192-row blocks) the half products save less than the boundary's second
-            // code path costs (harness: causal 1k -2 to -3%, 2k / 8k -1%; RESULTS v20). And only with the
-            // pingpong: without it (FLASHGPT_SM90_PINGPONG=0) ptxas serialised the kernel's wgmmas (C7511).
+            // code path costs (H100 harness: causal 1k -2 to -3%, 2k / 8k -1%). And only with the
+            // pingpong: without it (FLASHGPT_SM90_PINGPONG=0) ptxas serialises the kernel's wgmmas (C7511).
             if constexpr (D == 128 && Pingpong) half0 = last_key < key_block(it0) * BN + 64;
         }
         for (int it = 0; it < it0; ++it) pass_tile(it);
@@ -574,13 +574,13 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
     const dim3 order = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM<NC>), /*default_group=*/2);
     FwdTiles tiles{int(order.x), int(order.y), int(order.x * order.y * order.z), nullptr};
     int ctas = tiles.num_tiles;
-    const bool strided = strided_forward(D, Is_causal, varlen);  // v22 (FwdTiles)
+    const bool strided = strided_forward(D, Is_causal, varlen);  // FwdTiles
     if (strided) {
         ctas = std::min(ctas, sm_count());
     } else if (params.tile_counter != nullptr && persistent_forward()) {  // one CTA per SM walks the list
         ctas = std::min(ctas, sm_count());
-        tiles.counter = params.tile_counter;  // zero, as every launch leaves it (v24)
-        if (env_is("FLASHGPT_SM90_FWD_MEMSET", "1"))  // A/B only (kernels.bench --compare-memset): pre-v24
+        tiles.counter = params.tile_counter;  // zero, as every launch leaves it
+        if (env_is("FLASHGPT_SM90_FWD_MEMSET", "1"))  // A/B only: a memset per launch (kernels.bench --compare-memset)
             FLASH_CHECK_CUDA(cudaMemsetAsync(tiles.counter, 0, 2 * sizeof(int), stream));
     }
     // Is_even: no key tile runs past the keys (only the softmax's key mask reads it; rows past seqlen_q
@@ -596,8 +596,8 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
                 kernel<<<ctas, kWsThreads<NC>, kWsSmemBytes<D, NC>, stream>>>(params, maps, tiles);
                 FLASH_KERNEL_LAUNCH_CHECK();
             };
-            // v21: the short-first block layout (block_rows) where every sequence has at most
-            // kShortFirstMaxRows rows (varlen: seqlen_q is the longest); otherwise v20's kernel.
+            // The short-first block layout (block_rows) where every sequence has at most
+            // kShortFirstMaxRows rows (varlen: seqlen_q is the longest); otherwise blocks at multiples of BM.
             if constexpr (NC == 3 && Is_causal) {
                 if (params.seqlen_q <= kShortFirstMaxRows) {
                     launch(std::true_type{}, std::false_type{});

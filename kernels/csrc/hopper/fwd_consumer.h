@@ -15,7 +15,7 @@ namespace sm90 {
 
 // S (64 x 128) = Q K^T: SS wgmma, both K-major; q_base: this warpgroup's 64 rows of the swizzled Q
 // tile (R = 128 rows per atom column), k_base: the swizzled 128 x D K tile. Commits one group.
-// kKeys = 64: only the tile's first 64 keys (v20), for a causal diagonal tile whose second half no
+// kKeys = 64: only the tile's first 64 keys, for a causal diagonal tile whose second half no
 // row of the warpgroup sees. The m64nNk16 accumulator keeps columns 8j + 2t + {0, 1} in s[4j .. 4j + 3],
 // so columns 0..63 are s[0..31] at N = 64 as at N = 128; s[32..63] keep stale values, which the
 // causal mask then sets to -inf (every one of those keys lies past every row's diagonal).

@@ -1,4 +1,4 @@
-// Hopper (sm_90a) building blocks for the issue-8 kernels: warpgroup MMA (wgmma) on bf16/fp16 with
+// Hopper (sm_90a) building blocks for the wgmma kernels: warpgroup MMA (wgmma) on bf16/fp16 with
 // fp32 accumulators, shared-memory matrix descriptors, and the 128-byte swizzle they read.
 // Checked by kernels/csrc/hopper/wgmma_probe.cu (tests/kernels/test_wgmma_probe_gpu.py) and used by
 // hopper/flash_fwd_sm90.h and hopper/flash_bwd_sm90.h.

@@ -135,11 +135,10 @@ std::string run(cublasLtHandle_t handle, const Matmul &mm, void *workspace, size
         }
         // With FLASHGPT_LT_AUTOTUNE=1: time each candidate once, on the real buffers (the call below
         // overwrites what they write; an accumulating call writes its scratch instead), and keep the
-        // fastest. (Once the default, for cuBLASLt's DGELU_BGRAD epilogue, whose first pick ran the
-        // epilogue as a second kernel on an H100; no longer used.) Off by default: timed cold, at
-        // full clock, the pick varied from run to run, and at 1.3B-8k one such pick cost 0.6% of the
-        // step, while held at the board's power limit the heuristic's first pick was the best or
-        // within 1.5% of it for every problem run here (bench/RESULTS.md session 25).
+        // fastest. Off by default: timed cold, at full clock, the pick varies from run to run, and at
+        // 1.3B-8k one such pick cost 0.6% of the step, while held at the board's power limit the
+        // heuristic's first pick was the best or within 1.5% of it for every problem measured
+        // (H100, bench/RESULTS.md).
         int pick = 0;
         cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
         cudaStreamIsCapturing(stream, &capture);  // no timing (it synchronises) inside a CUDA graph capture

@@ -2,7 +2,7 @@
 // output-keeping LayerNorm (model.norm_saves_output): the backward rebuilds x_hat from y, so the
 // forward keeps y and rstd only. Why ours: torch.compile fuses the add into its LayerNorm kernels as
 // well, but its backward (a "mix-order" reduction) reads at ~2.1 TB/s on an H100 at 2.7B-8k and sums
-// its (1024 x d) fp32 workspace with an eager torch.sum at ~0.6 TB/s (bench/RESULTS.md, session 26).
+// its (1024 x d) fp32 workspace with an eager torch.sum at ~0.6 TB/s (bench/RESULTS.md).
 //
 // Layout: one block per row at a time, a thread per 8 adjacent columns (16-byte loads; d / 8 threads
 // rounded up to whole warps, the rest idle), blocks striding over rows. Row statistics in fp32 by
@@ -145,9 +145,9 @@ __global__ void __launch_bounds__(kMaxThreads) add_layer_norm_forward_kernel(con
     }
 }
 
-// Loads are not issued a row ahead here (unlike the forward): in registers that took the kernel to 105
+// Loads are not issued a row ahead here (unlike the forward): in registers that takes the kernel to 105
 // registers (one 320-thread block per SM at d = 2560); staged through shared memory by cp.async (no
-// registers) it measured 2% slower than this (bench/add_layer_norm.py, session 27). Bounded at 64
+// registers) it measured 2% slower than this (bench/add_layer_norm.py). Bounded at 64
 // registers for d <= 4096: three 320-thread blocks per SM at d = 2560.
 template <typename T2, int kMaxThreads>
 __global__ void __launch_bounds__(kMaxThreads, kMaxThreads == 512 ? 2 : 1) add_layer_norm_backward_kernel(const uint4 *__restrict__ dh_in, const uint4 *__restrict__ dy,
