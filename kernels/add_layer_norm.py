@@ -3,9 +3,9 @@
 A pre-LN block computes h = x + delta (the residual stream plus a sublayer's output) and then
 y = LayerNorm(h) for the next sublayer. With model.norm_saves_output the LayerNorm keeps y and 1/std,
 not h (model/layernorm.py), and its backward adds its input gradient to h's other gradient (the next
-residual add's). torch.compile fuses the same adds, but at 2.7B-8k its LayerNorm backward read at ~2.1
-TB/s on an H100 and summed its weight gradients through a (1024 x d) fp32 workspace and an eager sum
-(bench/RESULTS.md, session 26). Here:
+residual add's). torch.compile fuses the same adds, but at 2.7B-8k its LayerNorm backward reads at ~2.1
+TB/s on an H100 and sums its weight gradients through a (1024 x d) fp32 workspace and an eager sum
+(bench/RESULTS.md). Here:
 
     h, y = add_layer_norm(x, delta, weight, bias, eps)   # h = x + delta (16-bit), y = LN(h) (16-bit)
 

@@ -122,8 +122,8 @@ _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 class _EagerFlash(torch.autograd.Function):
     """The same forward and backward as the ops, calling the binding directly: what eager mode
     runs. A torch.library custom op costs tens of microseconds of Python dispatch per call, which
-    at short sequences is GPU idle time of the same order as the kernels (kernels/NOTES.md, session
-    5); torch.compile traces the ops instead (see _attention)."""
+    at short sequences is GPU idle time of the same order as the kernels (kernels/NOTES.md);
+    torch.compile traces the ops instead (see _attention)."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic):

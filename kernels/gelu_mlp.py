@@ -8,12 +8,12 @@ backward per layer on an H100):
   backward  one kernel (csrc/mlp/gelu_backward.cu) writes dpre = dg * gelu'(pre) and sums b1's
             gradient on the way, instead of a GELU-backward kernel and a reduction reading dpre again.
             (cuBLASLt's DGELU_BGRAD / BGRADB epilogues would fold these into the GEMMs, but on an H100
-            its picks ran them as separate kernels, slower than these: kernels/NOTES.md, session 14.)
+            its picks run them as separate kernels, slower than these: kernels/NOTES.md.)
             Opt-in (`set_dgelu_gemm(i)` or FLASHGPT_DGELU_GEMM=i; Hopper, bf16, CUTLASS's headers at
             build time from the `nvidia-cutlass` wheel): the product dg = dy w2 does that pass in its
             epilogue (csrc/mlp/dgelu_gemm*.cu), so dg is never written or read back. Off by default:
             on an H100 no variant beat cuBLAS's GEMM + this pass at the 2.7B-8k shape
-            (bench/dgelu_gemm.py; bench/RESULTS.md, session 19).
+            (bench/dgelu_gemm.py; bench/RESULTS.md).
 What the backward keeps is the same as the compiled plain MLP's: x, pre and g (g for w2's gradient).
 With recompute_gelu=True it keeps x and pre only (4 d-units per token less, d-units as in
 bench/saved_activations.py), and the backward's GELU pass, which reads pre anyway, writes g again for

@@ -8,7 +8,7 @@ sum (8 bytes per parameter, hidden inside a compute-bound GEMM), and the product
 being rounded to bf16 first (Megatron-LM's "gradient accumulation fusion" does the same). On an H100
 (bench/wgrad_accumulate.py) a 2.7B block's four weight gradients cost 2.16 ms with the fold, 1.89
 with this (the GEMMs alone 1.82); the trainer uses it for every projection of a block (model/linear.py):
-2.7B-8k 634 -> 643 model TFLOP/s with the MLP's (bench/RESULTS.md, session 16; attention's since 17).
+2.7B-8k 634 -> 643 model TFLOP/s with the MLP's alone (bench/RESULTS.md).
 
     y = linear(x, w, b, main_grad)   # y = x w^T + b; the backward adds dy^T x into main_grad (fp32)
 
@@ -66,7 +66,7 @@ def accumulate(dy: Tensor, x: Tensor, main_grad: Tensor) -> None:
 
 def _accumulate(dy: Tensor, x: Tensor, main_grad: Tensor) -> None:
     # Every check is made here, before the binding, with torch's names for the problem; the
-    # binding's own C++ checks are a last line (csrc/check_text.h: they raise, not crash, since session 17).
+    # binding's own C++ checks are a last line (they raise, not crash: csrc/check_text.h).
     if main_grad.dtype != torch.float32:
         raise ValueError(f"flashgpt.wgrad: main_grad must be float32 (the fp32 parameter's .grad), got "
                          f"{main_grad.dtype}")

@@ -107,7 +107,7 @@ def _exit_now(code: int) -> None:
     written and closed by then (checkpoints fsynced, metrics and W&B closed, the process group
     destroyed), but a C++ thread of the distributed stack was seen still joinable at teardown in a rare
     2-rank gloo run, which then aborted ("terminate called without an active exception", exit -6) after
-    a complete run (kernels/NOTES.md sessions 21 and 24); skipping the teardown keeps the exit code."""
+    a complete run (kernels/NOTES.md); skipping the teardown keeps the exit code."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -41,10 +41,9 @@ def resolve_backend(requested: str, device: torch.device, head_dim: int = 128,
     attention computes in (the autocast dtype; float32 without autocast).
 
     `auto` is our kernel on CUDA (it builds on first use) for bf16/fp16 and head dims up to 128,
-    and SDPA otherwise, or where our kernel cannot build or load (the reason is logged). Since
-    session 5 ours is at or above PyTorch's own FlashAttention-2 (SDPA flash) over the kernel sweep
-    (head dim 64 forward+backward at parity; bench/RESULTS.md v10); SDPA's cuDNN backend is still
-    faster in the Hopper backward, and `model.attention=sdpa` selects it.
+    and SDPA otherwise, or where our kernel cannot build or load (the reason is logged). Ours is at
+    or above PyTorch's own FlashAttention-2 (SDPA flash) and SDPA's cuDNN backend over the kernel
+    sweep on an H100 (bench/RESULTS.md); `model.attention=sdpa` selects SDPA.
     """
     if requested in ("sdpa", "reference"):
         return requested, "asked for in model.attention"
@@ -97,9 +96,8 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
         kv_dim = self.n_kv_head * self.head_dim
         # model/linear.py's Linear: nn.Linear with a main_grad slot, so that with the weight cache the
-        # weight-gradient GEMMs add into the fp32 .grad (kernels/wgrad.py). (Session 16 kept these
-        # plain: the compiled step went wrong with them accumulating -- inductor's LayerNorm-kernel
-        # race that training/inductor_barrier.py works around, session 17.)
+        # weight-gradient GEMMs add into the fp32 .grad (kernels/wgrad.py). Compiled, this relies on
+        # training/inductor_barrier.py's work-around for inductor's LayerNorm-kernel race.
         self.qkv = Linear(cfg.d_model, cfg.d_model + 2 * kv_dim, bias=cfg.bias)
         self.proj = Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.proj.is_residual_out = True  # scaled init (GPT-2)

@@ -40,7 +40,7 @@ class GPTConfig:
     # recompute_gelu_layers (with recompute_gelu): how many blocks, the first ones, recompute; the others
     # keep their GELU output (4 units more each, no rebuild). -1 = all. Spends what memory a micro-batch
     # leaves over: 2.7B-8k at micro-batch 2 on one H100, 14 (18 blocks keep theirs) -> 84.0 GB and +0.45%;
-    # on several GPUs NCCL's own ~1.6 GB leaves no room for that (bench/RESULTS.md session 28).
+    # on several GPUs NCCL's own ~1.6 GB leaves no room for that (bench/RESULTS.md).
     recompute_gelu_layers: int = -1
     # norm_saves_output: the blocks' LayerNorms keep their (bf16) output, which the next projection
     # keeps anyway, instead of their input too; the backward recovers x_hat = (y - bias) / weight (-2

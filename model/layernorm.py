@@ -19,8 +19,7 @@ The output has autocast's dtype when autocast is on (the projections after it wo
 anyway; keeping the cast once is what saves the memory), else x's. Both directions call aten's
 LayerNorm ops (the backward on x - mean rebuilt from y, with a zero mean), so torch.compile lowers them
 as it lowers nn.LayerNorm (written out in torch ops they compiled into other kernels: 0.5 points more
-GPU time at 1.3B-8k, 0.13 of them still in the forward; the step's 0.6% loss with the option was a
-cuBLASLt pick, bench/RESULTS.md session 25).
+GPU time at 1.3B-8k, 0.13 of them in the forward; bench/RESULTS.md).
 """
 from __future__ import annotations
 
@@ -39,8 +38,8 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class _OutputSavingLayerNorm(torch.autograd.Function):
     """Both directions are aten's own LayerNorm ops, so TorchInductor lowers them as it lowers
     nn.LayerNorm's: the backward's row kernel and column sums cost what nn.LayerNorm's do; the same
-    math written out in torch ops had cost 0.35 points more of a 1.3B-8k step's GPU time there
-    (bench/RESULTS.md session 25)."""
+    math written out in torch ops costs 0.35 points more of a 1.3B-8k step's GPU time there
+    (bench/RESULTS.md)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float,

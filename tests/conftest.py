@@ -13,7 +13,7 @@ def _fresh_dynamo_for_gpu_tests(request):
     """GPU tests start with dynamo's state as in a new process: one that compiled the trainer's step at
     other shapes (another test) would otherwise make the next compile of that code dynamic (automatic
     dynamic shapes), which no run meets (a run compiles one shape) and which dynamo cannot trace through
-    our fused loss in torch 2.11 (kernels/NOTES.md "Next (issue 7, updated session 21)", item 4)."""
+    our fused loss in torch 2.11 (kernels/NOTES.md)."""
     if request.node.get_closest_marker("gpu") is not None:
         import torch._dynamo
 

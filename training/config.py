@@ -73,7 +73,7 @@ class EngineConfig:
     # reduced during the backward; no weight cache) | after_backward (summed after the last micro-batch:
     # the weight cache and fp32 weight gradients stay on; training/grad_allreduce.py) | during_backward
     # (as after_backward, but each fp32 weight gradient's all-reduce starts as soon as its GEMM wrote it
-    # in the last micro-batch: +0.9% per GPU on 2 H100s, bench/RESULTS.md session 25) | auto
+    # in the last micro-batch: +0.9% per GPU on 2 H100s, bench/RESULTS.md) | auto
     # (during_backward on one node when the weight cache applies, else ddp)
     grad_sync: str = "auto"
 

@@ -93,7 +93,7 @@ def grad_sync_choice(cfg: Config, dist: DistInfo, amp_dtype) -> tuple:
     lets the weight cache and the fp32 weight-gradient GEMMs run), or "during_backward" (the same, each
     fp32 weight gradient's all-reduce started as its GEMM writes it in the last micro-batch). auto:
     during_backward when the cache applies and all ranks are on one node (2 H100s, 1.3B-8k: 672 vs 666
-    TFLOP/s per GPU after the backward, bench/RESULTS.md session 25); DDP across nodes, whose slower
+    TFLOP/s per GPU after the backward, bench/RESULTS.md); DDP across nodes, whose slower
     links need DDP's bucketed overlap."""
     choice = cfg.engine.grad_sync
     if choice != "auto":

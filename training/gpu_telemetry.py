@@ -2,7 +2,7 @@
 
 Why: a long training step on an H100 runs at its board power limit (700 W), and the GPU lowers its
 SM clock to stay under it (1.47-1.68 GHz in a 1.3B-8k step against 1.98 GHz for a kernel run alone;
-bench/RESULTS.md, session 10). Throughput per step then follows work per joule, not the kernels'
+bench/RESULTS.md). Throughput per step then follows work per joule, not the kernels'
 speed at full clock, so the log shows the clock, the power and the energy per token beside MFU.
 
 NVML (libnvidia-ml, shipped with the driver) is loaded with ctypes, so no extra package is needed.

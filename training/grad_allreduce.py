@@ -3,8 +3,8 @@ micro-batch of an accumulation, in place.
 
 Why: the weight cache (training/weight_cache.py) and the weight-gradient GEMMs that add straight into
 the fp32 .grad (kernels/wgrad.py) bypass the parameters' AccumulateGrad, which is where torch DDP hooks
-its gradient reduction, so under DDP the trainer ran without them (several % of a step on an H100,
-bench/RESULTS.md sessions 14-16), and DDP's bucket copies of the gradients (+10.8 GB at 2.7B) kept
+its gradient reduction, so under DDP the trainer runs without them (several % of a step on an H100,
+bench/RESULTS.md), and DDP's bucket copies of the gradients (+10.8 GB at 2.7B) keep
 micro-batch 2 off 80 GB GPUs. Here whatever wrote a gradient (AccumulateGrad, the cache's fold hooks,
 the fp32 GEMMs) wrote it into the parameter's own .grad, and `all_reduce_grads` sums those over the
 ranks: each large gradient in place, the small ones (biases, norms) packed into one buffer first so
@@ -12,10 +12,10 @@ that they cost one collective, not one each. The caller scales its loss by 1 / w
 is the mean.
 
 `all_reduce_grads` runs after the backward, not during it as DDP's reduction does: on one node
-(NVLink) that costs about 1% of a step at 4 micro-batches per GPU (bench/RESULTS.md session 24);
+(NVLink) that costs about 1% of a step at 4 micro-batches per GPU (bench/RESULTS.md);
 across nodes, where the all-reduce is slower, DDP's overlap wins, and `engine.grad_sync=auto` keeps
 DDP there (training/engine.py `grad_sync_choice`). `ReduceAsWritten` (engine.grad_sync=during_backward,
-auto's pick on one node since session 25: +0.9% per GPU on 2 H100s) starts each fp32 weight gradient's
+auto's pick on one node: +0.9% per GPU on 2 H100s) starts each fp32 weight gradient's
 all-reduce as soon as its GEMM has written it in the last micro-batch.
 """
 from __future__ import annotations

@@ -7,11 +7,11 @@ normalised row to a buffer (kept for the backward), and a third loop reads that 
 the affine weight and bias. The write and the read-back are done by different threads of the
 program when Triton lays the two loops out differently, and nothing orders them (no barrier;
 upstream: pytorch/pytorch PR 190519, "Add barrier before reading back a buffer stored in a
-reduction loop", July 2026). Some rows then see stale values. Found in session 17
-(kernels/NOTES.md): a 2-layer GPT at width 2048, compiled, gave a different loss on each call with
-the same weights (6.519 / 6.572 vs eager's 6.595, gradients 80% off); at width 256 it took qkv's
-fp32 weight-gradient accumulation to change the fusion enough to show it. compute-sanitizer,
-`max_fusion_size=1` and this barrier each made it exact.
+reduction loop", July 2026). Some rows then see stale values (kernels/NOTES.md): a 2-layer GPT at
+width 2048, compiled, gives a different loss on each call with the same weights (6.519 / 6.572 vs
+eager's 6.595, gradients 80% off); at width 256 it takes qkv's fp32 weight-gradient accumulation to
+change the fusion enough to show it. compute-sanitizer, `max_fusion_size=1` and this barrier each
+make it exact.
 
 `install()` wraps `AsyncCompile.triton`, the call every generated Triton kernel's source goes through
 before it is compiled (also when the wrapper code comes from inductor's cache), and inserts

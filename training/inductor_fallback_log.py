@@ -7,10 +7,10 @@ node whose text includes its producers' text, recursively. In torch 2.11 that st
 when the message is not logged. Where only our extern kernels (GEMMs, attention, the MLP's and the
 add + LayerNorm's ops) lie between the layers -- the backward with model.fused_add_norm -- an input
 deep in the graph has a producer DAG dozens of kernels deep, and its text, every shared producer
-written out once per path, grows exponentially: the compile never finished (session 28: 2.7B with
+written out once per path, grows exponentially: the compile never finishes (e.g. 2.7B with
 model.recompute_gelu_layers, whose two MLP backward ops meet the second one 18 blocks deep; the
 fallback is registered once per op and process, so it bites only when an op first appears deep).
-Upstream: pytorch/pytorch issue 139501 (ExternKernel.__str__ recursion).
+Upstream: pytorch/pytorch#139501 (ExternKernel.__str__ recursion).
 
 `install()` replaces `operator_str` with one that names each argument (its IR name, size and dtype,
 or its value for numbers, strings, dtypes and devices) without calling its `str()`. Only that message

@@ -4,9 +4,9 @@ A LayerNorm over a row of d_model elements is one "inner" reduction per row. Tor
 row in registers (a persistent reduction: the row is read once) only up to 1024 elements; longer rows
 get a looped kernel that reads the row twice (statistics, then the normalised output), and with
 training/inductor_barrier.py's fix a barrier per loop step. `triton.multi_kernel` generates both and
-times them on first use, but in the 2.7B-8k step its pick was the looped residual add + LayerNorm
-forward at ~81 us per call where the persistent one takes ~60 us (bench/RESULTS.md, session 21), and
-forcing persistence everywhere (`multi_kernel=3`) made the bias-gradient column sums 2x slower.
+times them on first use, but in the 2.7B-8k step its pick can be the looped residual add + LayerNorm
+forward at ~81 us per call where the persistent one takes ~60 us (bench/RESULTS.md), and forcing
+persistence everywhere (`multi_kernel=3`) makes the bias-gradient column sums 2x slower.
 
 `install(limit)` wraps TorchInductor's heuristic (`InductorChoices.should_use_persistent_reduction`,
 the method its codegen asks) so that it also says yes to inner reductions of at most `limit` elements,

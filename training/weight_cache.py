@@ -3,7 +3,7 @@
 Under bf16 autocast every forward casts each fp32 `nn.Linear` weight (and bias) to bf16, and every
 backward turns the bf16 weight gradient back into fp32 before adding it to `.grad`: per micro-batch
 that is ~14 bytes of memory traffic per parameter in small element-wise kernels (1.3B-8k on an H100:
-~3% of the step, bench/RESULTS.md, issue 7). With 8 accumulated micro-batches the weights do not
+~3% of the step, bench/RESULTS.md). With 8 accumulated micro-batches the weights do not
 change between them, so the cast only needs to happen once per optimizer step.
 
 `WeightCache` holds one bf16 copy (a leaf tensor that requires grad) per cached fp32 parameter. The

@@ -174,7 +174,7 @@ def test_forward_bitwise_repeatable():
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_forward_in_a_cuda_graph_and_on_two_streams(d):
-    """The persistent forward's tile counter (v24: one pair per stream, left at zero by each launch; a
+    """The persistent forward's tile counter (one pair per stream, left at zero by each launch; a
     zeroed pair per call while a graph is captured): calls on a second stream, a captured graph
     replayed on new inputs, then eager calls again all give the eager result bit for bit."""
     torch.manual_seed(next(_seed))
@@ -440,8 +440,8 @@ def test_grid_order_changes_no_result(d, causal, kernel_path, monkeypatch):
     Likewise the TMA forward launched one CTA per tile instead of persistent (FLASHGPT_SM90_PERSISTENT=0),
     and at head dim 64 with two or three consumer warpgroups (128- or 192-row query blocks; with three,
     a warpgroup skips the causal key tiles its rows do not see), and the TMA backward with its
-    warpgroups in lock-step (FLASHGPT_SM90_BWD_PINGPONG=0, v24's loop) or in turns with dQ one step
-    late (=1, v25 / v26)."""
+    warpgroups in lock-step (FLASHGPT_SM90_BWD_PINGPONG=0) or in turns with dQ one step
+    late (=1)."""
     if kernel_path == "headmajor":
         pytest.skip("compares against the head-major path itself")
     torch.manual_seed(next(_seed))
@@ -469,10 +469,10 @@ def test_grid_order_changes_no_result(d, causal, kernel_path, monkeypatch):
 @pytest.mark.parametrize("sq,sk", [(700, 700), (300, 700), (700, 300), (129, 1000), (1000, 1000)])
 def test_fwd_warpgroups_agree(sq, sk, causal, kernel_path, monkeypatch):
     """Head dim 64: the TMA forward with three consumer warpgroups gives two warpgroups' O and LSE bit
-    for bit. Causal: its rows skip the key tiles they do not see (v17) -- also where the diagonal moves
+    for bit. Causal: its rows skip the key tiles they do not see -- also where the diagonal moves
     (more keys than queries) and where rows see no key (fewer). Non-causal: a warpgroup with no row in
     the sequence (700 = 3 x 192 + 124, 300, 1000: the last block's third, or second and third) passes
-    its tiles without products (v19)."""
+    its tiles without products."""
     if kernel_path != "default":
         pytest.skip("one check per shape")
     torch.manual_seed(next(_seed))
@@ -553,7 +553,7 @@ def test_tune_command_writes_and_applies_a_cache(tmp_path, monkeypatch, capsys):
 
 @hopper_only
 def test_backward_schedule_from_threshold_cache_and_switch(monkeypatch, kernel_path):
-    """The TMA backward's warpgroups take turns from 1024 queries (v26), lock-step below; above 1k keys
+    """The TMA backward's warpgroups take turns from 1024 queries, lock-step below; above 1k keys
     a tuning-cache choice of 2 / 3 (kernels.tune) sets the schedule per shape class; the switch
     FLASHGPT_SM90_BWD_PINGPONG=0 / 1 overrides both. And the schedule changes no result."""
     if kernel_path != "default":

@@ -9,7 +9,7 @@ from kernels import tune
 def test_shape_classes_cover_every_choice_once():
     classes = list(tune.shape_classes())
     assert len(classes) == len(set(classes)) == 2 * 2 * 2 * 4  # pass x head dim x causal x bucket
-    assert (1, 64, False, 0) in classes  # the head-dim-64 TMA backward (session 5) is a candidate too
+    assert (1, 64, False, 0) in classes  # the head-dim-64 TMA backward is a candidate too
 
 
 @pytest.mark.parametrize("pass_, bucket, ms, want", [
@@ -55,7 +55,7 @@ def _entry(**kw):
 
 @pytest.mark.parametrize("text", [
     "not json", json.dumps({"format": 99, "entries": []}),
-    json.dumps({"format": 1, "entries": [_entry(choice=1)]}),  # session 14's format: another build's file
+    json.dumps({"format": 1, "entries": [_entry(choice=1)]}),  # an older format: another build's file
     json.dumps({"format": tune.FORMAT, "entries": [{"pass": 0}]}),
     json.dumps({"format": tune.FORMAT, "entries": [{**_entry(), "pass": 0}]}),  # the forward has no schedules
     json.dumps({"format": tune.FORMAT, "entries": [_entry(bucket=0)]}),  # <= 1k: the threshold's bucket

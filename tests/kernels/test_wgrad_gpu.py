@@ -69,8 +69,8 @@ def test_a_new_shape_is_added_once(monkeypatch, timing):
 
 
 def test_bad_buffers_get_one_clear_error():
-    """Checked in Python before the binding is called (kernels/NOTES.md session 16: on the lent
-    machines a C++ TORCH_CHECK message with a number in it crashes the process)."""
+    """Checked in Python before the binding is called (on the lent machines a C++ TORCH_CHECK message
+    with a number in it can crash the process: csrc/check_text.h)."""
     dy, x = fresh(64, 48), fresh(64, 32)
     with pytest.raises(ValueError, match="main_grad must be float32"):
         accumulate(dy, x, torch.zeros(48, 32, device="cuda", dtype=torch.float16))
@@ -144,7 +144,7 @@ def test_fused_mlp_puts_both_weight_gradients_into_main_grads(compiled):
 def test_trainer_step_with_fp32_weight_gradients_matches_the_fold(compile, mlp):
     """The engine on CUDA (bf16 autocast, weight cache): engine.wgrad_fp32 auto (on here) against
     disabled, three micro-batches: the same losses and the same gradients within bf16's rounding of
-    the folded ones (this caught session 16's compiled attention Linears: 8-18% off, kernels/NOTES.md)."""
+    the folded ones (compiled attention Linears that accumulate wrongly are 8-18% off, kernels/NOTES.md)."""
     from model.gpt import GPT
     from training.config import load_config
     from training.distributed import DistInfo

@@ -46,8 +46,8 @@ def steps_of(run_dir: Path) -> list:
 
 
 def test_fresh_run_into_an_old_run_folder_stops_or_moves_it_aside(tmp_path, cache_dir):
-    """The audit's case: an old run left step_6 and step_8 (keep_last=2); `train.resume=none` used to
-    prune the new run's step_2 and step_3 at once, and the next auto-resume continued the old step_8."""
+    """The audit's case: an old run left step_6 and step_8 (keep_last=2); `train.resume=none` must not
+    prune the new run's step_2 and step_3 at once, nor the next auto-resume continue the old step_8."""
     run = tmp_path / "tiny_cpu"
     ok(launch(tmp_path, cache_dir, "train.max_steps=8"))
     assert steps_of(run) == ["step_00000006", "step_00000008"]

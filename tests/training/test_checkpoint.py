@@ -249,7 +249,7 @@ def test_resume_check_compares_the_model_not_its_implementation(tmp_path):
     check_compatible(older, cfg, tmp_path)  # saved before those keys existed, at their defaults
     before_options = {"model": {k: v for k, v in saved["model"].items()
                                 if k not in ("recompute_gelu", "norm_saves_output")}}
-    check_compatible(before_options, load_config(  # a run from before session 23, resumed with them on
+    check_compatible(before_options, load_config(  # a run saved without those keys, resumed with them on
         "tiny_cpu.yaml", ["model.recompute_gelu=true", "model.norm_saves_output=true"]), tmp_path)
     with pytest.raises(CheckpointError, match=r"n_layer.*\(4, 3\)"):
         check_compatible(saved, load_config("tiny_cpu.yaml", ["model.n_layer=3"]), tmp_path)

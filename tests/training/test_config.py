@@ -106,8 +106,8 @@ def test_base_yaml_is_not_listed_as_a_config():
 
 @pytest.mark.parametrize("word, want", [("true", "true"), ("false", "false"), ("auto", "auto"), ("True", "true")])
 def test_fused_accepts_the_words_it_lists(word, want):
-    """`optim.fused=true` is parsed as a bool by OmegaConf; the error used to say 'True' is not one of
-    auto, true, false."""
+    """`optim.fused=true` is parsed as a bool by OmegaConf; it is accepted as the word 'true', not
+    rejected as 'True', not one of auto, true, false."""
     assert load_config("tiny_cpu.yaml", [f"optim.fused={word}"]).optim.fused == want
     with pytest.raises(ConfigError, match="optim.fused"):
         load_config("tiny_cpu.yaml", ["optim.fused=sometimes"])

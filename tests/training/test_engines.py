@@ -162,8 +162,8 @@ def test_zero_resume_on_another_rank_count_via_universal_checkpoint(tmp_path, ca
 
 def test_deepspeed_bf16_follows_ddp_in_warm_up(tmp_path):
     """bf16 on CPU, GPT-125M widths (1 layer), GPT-3's 700-step warm-up: lr ~1e-6 in the first steps.
-    DeepSpeed used to build its fp32 master from the bf16-cast weights, so those updates stayed below
-    half a bf16 step and its curve lagged DDP's (11.195 vs 11.018 at 1.3B on GPUs); with the fp32
+    With an fp32 master built from the bf16-cast weights, DeepSpeed's updates stay below half a bf16
+    step and its curve lags DDP's (11.195 vs 11.018 at 1.3B on GPUs); with the fp32
     initialisation as master they agree to bf16 noise. 2 x 2 sequences of 32 tokens a step: bf16
     matmuls on CPUs without AVX-512 run at ~5 GFLOP/s (the 50k-vocabulary head dominates), and 4 x 128
     tokens took > 10 min a run there."""

@@ -8,8 +8,8 @@ import textwrap
 from training import inductor_barrier
 from training.inductor_barrier import BARRIER, add_reload_barriers
 
-# The shape of the kernel that raced (session 17): a loop stores the normalised row, a later loop
-# loads it back; other loads and a store-only pointer are left alone.
+# The shape of the kernel that races (training/inductor_barrier.py): a loop stores the normalised row,
+# a later loop loads it back; other loads and a store-only pointer are left alone.
 KERNEL = textwrap.dedent('''\
     def triton_red_fused_layer_norm_1(in_ptr0, in_ptr1, out_ptr2, out_ptr3, xnumel, r0_numel):
         for r0_offset in tl.range(0, r0_numel, R0_BLOCK):

@@ -1,6 +1,6 @@
 """The compiled training step on CUDA against eager, at the width where inductor's LayerNorm kernels
-raced (training/inductor_barrier.py; session 17: a 2-layer GPT at width 2048 gave a different loss
-on each compiled call with the same weights, 6.519 / 6.572 vs eager's 6.595, gradients 80% off).
+race (training/inductor_barrier.py; without the fix a 2-layer GPT at width 2048 gives a different
+loss on each compiled call with the same weights, 6.519 / 6.572 vs eager's 6.595, gradients 80% off).
 With the fix installed by the engine: each compiled call gives the same loss, eager's loss within
 bf16's rounding, and eager's gradients within bf16's rounding. Skipped without CUDA."""
 from __future__ import annotations

@@ -37,7 +37,7 @@ def _gpu_event(name, us, annotation=False):
 
 def test_gpu_spans_of_user_annotations_are_not_kernel_time():
     """torch's optimizers wrap step() in record_function; its GPU-side span covers the optimizer's
-    kernels, so counting it would count them twice (session 18: 'other' and 'GPU busy' were ~1% high)."""
+    kernels, so counting it would count them twice ('other' and 'GPU busy' would be ~1% high)."""
     events = [_gpu_event("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT", 600.0),
               _gpu_event("void flashgpt::sm90::flash_bwd_kernel<...>", 250.0),
               _gpu_event("multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata>", 150.0),

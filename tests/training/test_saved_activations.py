@@ -22,4 +22,4 @@ def test_compiled_forward_saves_each_layers_qkv_once():
     qkv_bytes = tokens * 3 * cfg.d_model * 2  # the bf16 q/k/v projection output, one storage per layer
     assert sum(1 for b in storages.values() if b == qkv_bytes) == cfg.n_layer
     units = sum(storages.values()) / (2 * cfg.d_model * tokens * cfg.n_layer)
-    assert 10 < units < 30, units  # 18 per block (RESULTS, end to end session 13) + the head's share
+    assert 10 < units < 30, units  # 18 per block (bench/RESULTS.md, end to end) + the head's share
