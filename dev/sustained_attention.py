@@ -1,8 +1,9 @@
 """Attention forward+backward under sustained load: the regime a training step runs in.
 
 A 1.3B-8k training step holds an H100 at its 700 W board limit, and the GPU lowers its SM clock to
-stay there (1.47-1.68 GHz against 1.98 GHz for a kernel timed alone). The sweep (`python bench/kernel_sweep.py`)
-times short bursts at full clock; this module keeps the GPU busy for `--seconds` per candidate and reports what the kernels reach there, and the energy they take:
+stay there (1.47-1.68 GHz against 1.98 GHz for a kernel timed alone). The kernel sweep
+(bench/kernel_sweep.py) times short bursts at full clock; this module keeps the GPU busy for
+`--seconds` per candidate and reports what the kernels reach there, and the energy they take:
 
   alone       f+b calls back to back: TFLOP/s at the clock the kernel's own power draw allows, board
               power, joules per call (energy counter difference / calls)

@@ -23,7 +23,8 @@ def test_cache_path_is_per_gpu_and_build(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHGPT_TUNE_CACHE", str(tmp_path))
     a = tune_cache.cache_path("NVIDIA H100 80GB HBM3", "abc123")
     assert a.parent == tmp_path and a.name == "NVIDIA_H100_80GB_HBM3-abc123.json"
-    assert tune_cache.cache_path("NVIDIA H200", "abc123") != a != tune_cache.cache_path("NVIDIA H100 80GB HBM3", "def456")
+    assert tune_cache.cache_path("NVIDIA H200", "abc123") != a
+    assert tune_cache.cache_path("NVIDIA H100 80GB HBM3", "def456") != a
 
 
 class FakeExt:
