@@ -31,13 +31,13 @@ optimizer step (the same tokens per step).
 Plain steps feed random tokens already on the GPU and time with CUDA events (median of steps after
 warm-up). Our trainer's figure is its own log's (host clocks at logging points, as users see it); the
 same steps are also timed with CUDA events recorded as each step ends, and the table's "log vs CUDA
-events" column is the log's throughput relative to theirs (issue 7: within 2%). "ratio vs best plain"
+events" column is the log's throughput relative to theirs (they should agree within 2%). "ratio vs best plain"
 divides by the fastest plain setup of the run. One more step of each setup (unless --no-profile) runs under torch.profiler for the
 attention share of GPU kernel time (training/profiling.py), outside the timed steps, and its summed
 kernel time over the median step time is the "GPU busy" column: 100% minus it bounds what removing launch gaps (CUDA
 graphs) could give. Model TFLOP/s per the paper: (6·N + 12·L·d·s) FLOPs per token; causal-aware: 6·N + 6·L·d·s.
 Every compiled setup, ours and plain, compiles with training/inductor_barrier.py's fix installed (a
-race in inductor's LayerNorm kernels made compiled steps wrong; session 17), so all measure correct
+race in inductor's LayerNorm kernels makes compiled steps wrong without it), so all measure correct
 programs, and with the config's train.compile_options (TorchInductor settings) and
 train.compile_persistent_rows (training/persistent_rows.py), plain ones too.
 """
@@ -50,7 +50,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -61,11 +60,10 @@ from training.allocator import expandable_segments_by_default  # noqa: E402
 
 expandable_segments_by_default()  # every setup, ours and plain, with the launcher's allocator setting
 
-from bench.power_trace import PowerTrace, format_summary, summarize  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 from training.compile_options import prepare_compile  # noqa: E402
 from training.config import load_config  # noqa: E402
-from training.gpu_telemetry import GpuTelemetry, NvmlDevice  # noqa: E402
+from training.gpu_telemetry import GpuTelemetry  # noqa: E402
 from training.inductor_barrier import install as install_inductor_barrier  # noqa: E402
 from training.metrics import measure_gemm_ceiling, peak_flops  # noqa: E402
 from training.profiling import profile_call  # noqa: E402
@@ -88,7 +86,7 @@ def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, micro
     options = (prepare_compile(cfg.train) or None) if mode == "compile" else None
     # Each plain compiled setup compiles its own program: neither dynamo's code cache nor TorchInductor's
     # caches key on SDPA's backend choice, so compile_cudnn after compile_flash in one process ran
-    # compile_flash's kernels (session 22: the same 514 TFLOP/s and 44% attention share). Dynamo forgets
+    # compile_flash's kernels (the same TFLOP/s and attention share to the digit). Dynamo forgets
     # earlier setups here; the caches stay off while this setup compiles and runs.
     if mode == "compile":
         torch._dynamo.reset()
@@ -111,12 +109,10 @@ def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, micro
     torch.cuda.reset_peak_memory_stats()
     telemetry = GpuTelemetry.open(torch.device("cuda"))
     power = {}
-    window = [None, None]  # time.time() when the timed steps start and end (for --power-trace)
     with own_compile, sdpa_kernel(getattr(SDPBackend, SDPA[backend])):
         for i in range(warmup + steps):
             if i == warmup:
                 torch.cuda.synchronize()
-                window[0] = time.time()
                 if telemetry is not None:
                     telemetry.mark()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -126,11 +122,10 @@ def plain_step_times(cfg, setup: str, steps: int, warmup: int, accum: int, micro
             end.synchronize()
             if i >= warmup:
                 times.append(start.elapsed_time(end) / 1e3)
-    window[1] = time.time()
     if telemetry is not None:
         power = telemetry.mark(tokens=steps * accum * micro * T)
         telemetry.close()
-    out = {"step_s": statistics.median(times), "tokens": accum * micro * T, "window": tuple(window),
+    out = {"step_s": statistics.median(times), "tokens": accum * micro * T,
            "mem_gb": torch.cuda.max_memory_allocated() / 1e9, **power}
     out["attn_share"] = out["mm_share"] = out["kernel_s"] = None
     if profile:
@@ -159,7 +154,7 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
     dist = init_distributed(cfg.train.device, cfg.engine.backend)
     torch.cuda.reset_peak_memory_stats()  # the previous setup's peak must not show in this one
     trainer = Trainer.build(cfg, dist)
-    ends = step_end_events(trainer)  # an independent clock beside the log's (issue 7, part 3)
+    ends = step_end_events(trainer)  # an independent clock beside the log's
     try:
         trainer.fit()
     finally:
@@ -184,9 +179,7 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
     event_times = [ends[k - 1].elapsed_time(ends[k]) / 1e3 for k in range(warmup + 1, last)
                    if k - 1 in ends and k in ends]
     event_s = statistics.median(event_times) if event_times else None
-    at = {r["step"]: r.get("time") for r in records}
-    window = tuple(None if at.get(k) is None else at[k] - step_s for k in (warmup, last - 1))
-    return {"step_s": step_s, "event_step_s": event_s, "tokens": tokens, "mem_gb": mem, "attention": backend, "window": window,
+    return {"step_s": step_s, "event_step_s": event_s, "tokens": tokens, "mem_gb": mem, "attention": backend,
             "attn_share": shares.get("time_share_attention"), "mm_share": shares.get("time_share_matmul"),
             "kernel_s": shares.get("kernel_time_s"), **power}
 
@@ -228,9 +221,6 @@ def main(argv=None) -> int:
                         "steps of many micro-batches, whose traces take minutes to write)")
     p.add_argument("--sustain-s", type=float, default=5.0,
                    help="seconds of GEMMs before timing the power-capped GEMM ceiling")
-    p.add_argument("--power-trace", type=Path, default=None,
-                   help="folder: sample SM clock, limit reasons and instantaneous power every 5 ms during each "
-                        "setup (bench/power_trace.py), print a summary of its timed steps, keep the CSVs")
     p.add_argument("overrides", nargs="*", help="config overrides (key=value): model.* ones set every setup's shapes "
                    "(plain ones too) and the FLOP count; the rest our trainer's")
     args = p.parse_args(argv)
@@ -259,7 +249,6 @@ def main(argv=None) -> int:
         os.environ.update(env)
         if env:  # dynamo does not guard on the environment: trace this setup afresh
             torch._dynamo.reset()
-        sampler = PowerTrace(NvmlDevice(torch.device("cuda"))) if args.power_trace else None
         row_cfg = load_config(args.config, [*args.overrides, *setup_overrides])  # this row's model shapes
         if setup.startswith("ours"):
             parts = set(name.split("_")[1:])
@@ -275,14 +264,6 @@ def main(argv=None) -> int:
             r = plain_step_times(row_cfg, name, args.steps, args.warmup, n_micro, micro,
                                  trace_dir, args.profile)
             r["attention"] = f"sdpa {name.split('_')[1]}"
-        if sampler is not None:
-            sampler.stop()
-            args.power_trace.mkdir(parents=True, exist_ok=True)
-            sampler.write_csv(args.power_trace / f"run{len(rows)}_{name}.csv")
-            w0, w1 = r.get("window", (None, None))
-            if w0 is not None and w1 is not None:  # the timed steps only (not compile, warm-up, profiling)
-                print("[e2e] " + format_summary(setup, summarize(sampler.samples, sampler.at(w0), sampler.at(w1))),
-                      flush=True)
         for k, v in saved_env.items():  # this setup's environment variables end with it
             if v is None:
                 os.environ.pop(k, None)

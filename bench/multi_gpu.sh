@@ -9,8 +9,7 @@
 # ddp_during (engine.grad_sync=during_backward), ddp_after (engine.grad_sync=after_backward),
 # fsdp (FSDP2), zero0..zero3 (DeepSpeed). GPUS: the GPU counts to run each engine on.
 # COMPILE: train.compile for every run (default false, see below). EXTRA: more config overrides for
-# every run (e.g. EXTRA="model.attention=sdpa" to compare with the rows measured before session 5,
-# when auto meant SDPA).
+# every run (e.g. EXTRA="model.attention=sdpa" for PyTorch's attention instead of our kernels).
 # 1-GPU runs go two at a time (one per GPU) when NGPU >= 2: they share nothing but the host.
 set -uo pipefail
 NGPU=${NGPU:-2}; STEPS=${STEPS:-6}; OUT=${1:-/tmp/mg}

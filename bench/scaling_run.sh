@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The paper's setup (issue 9): the default engine on NGPU GPUs of one node and on 1 GPU, same config
+# The paper's setup: the default engine on NGPU GPUs of one node and on 1 GPU, same config
 # and global batch; per-GPU tokens/s, model TFLOP/s, MFU, peak memory and the scaling efficiency
 # (per-GPU tokens/s on NGPU over 1 GPU); the NGPU run is stopped half-way and resumed from its last
 # checkpoint with the same command, so the loss curve shows the resume. Usage (GPU machine, repo root):

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+from .tune_cache import apply_cached
+
 CSRC = Path(__file__).resolve().parent / "csrc"
 
 CXX_FLAGS = ["-O3"]  # the C++ standard is torch's choice (C++17 or C++20 by version)
@@ -171,9 +173,7 @@ def load_extension(verbose: bool = False) -> ModuleType:
             if not old_arch:
                 os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
         _error = None
-        from .tune import apply_cached  # this GPU's measured kernel choices, if tuned (kernels/tune.py)
-
-        apply_cached(_ext)
+        apply_cached(_ext, source_hash())  # this GPU's measured kernel choices, if tuned
         return _ext
 
 

@@ -380,7 +380,7 @@ def test_gpu_value_errors(bad, match):
         flash_attn_func(q, q, q)
 
 
-# --- per-shape-class dispatch (kernels/tune.py) -------------------------------------------------
+# --- per-shape-class dispatch (kernels/tune_cache.py) ---------------------------------------------
 hopper_only = pytest.mark.skipif(torch.cuda.get_device_capability()[0] != 9,
                                  reason="one kernel family off Hopper: nothing to dispatch")
 
@@ -492,7 +492,7 @@ def test_more_heads_than_a_grid_dimension_holds():
 
 
 def _reset_dispatch(ext):
-    from kernels.tune import shape_classes
+    from kernels.tune_cache import shape_classes
     for p, d, causal, bucket in shape_classes():
         ext.set_sm90_choice(p, d, causal, bucket, -1)
 
@@ -522,33 +522,6 @@ def test_dispatch_override_selects_the_kernel_family(monkeypatch, kernel_path):
         assert not torch.equal(default, fa2)  # the Hopper kernel: another summation order
     with pytest.raises(ValueError):
         ext.set_sm90_choice(0, 96, True, 0, 1)
-
-
-@hopper_only
-def test_tune_command_writes_and_applies_a_cache(tmp_path, monkeypatch, capsys):
-    from kernels import tune
-    from kernels.build import load_extension, source_hash
-    monkeypatch.setenv("FLASHGPT_TUNE_CACHE", str(tmp_path))
-    ext = load_extension()
-    try:
-        assert tune.main(["--reps", "2"]) == 0
-        path = tune.cache_path(torch.cuda.get_device_name(), source_hash())
-        entries = tune.load(path)
-        assert len(entries) == len(list(tune.shape_classes()))
-        for e in entries:  # every candidate timed, the fastest chosen, the choice applied
-            names = [n for n, _ in tune.candidates(e["pass"], e["bucket"])]
-            assert sorted(e["ms"]) == sorted(names) and all(t > 0 for t in e["ms"].values())
-            assert e["choice"] == tune.choose(e["ms"], e["pass"], e["bucket"])
-            assert ext.sm90_choice(e["pass"], e["d"], e["causal"], e["bucket"]) == e["choice"]
-        assert any(e["choice"] in (2, 3) for e in entries)  # the backward's schedules are candidates
-        rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| fwd", "| bwd"))]
-        assert [r.rstrip(" |").rsplit("| ", 1)[-1] for r in rows] == [
-            tune.LABELS[e["choice"]] for e in entries]  # the printed table is the cache's
-        _reset_dispatch(ext)
-        assert tune.apply_cached(ext) == path  # what a new process does when the extension loads
-        assert all(ext.sm90_choice(e["pass"], e["d"], e["causal"], e["bucket"]) == e["choice"] for e in entries)
-    finally:
-        _reset_dispatch(ext)
 
 
 @hopper_only

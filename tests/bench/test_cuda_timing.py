@@ -1,5 +1,5 @@
-"""kernels.timing.time_interleaved_ms visits the candidates in a balanced order (each right after every
-other equally often) or, on request, a fixed round-robin, and in GPU-time mode gives
+"""bench/cuda_timing.py's time_interleaved_ms visits the candidates in a balanced order (each right after
+every other equally often) or, on request, a fixed round-robin, and in GPU-time mode gives
 every timed call a spin longer than the slowest candidate's host time (CPU: the CUDA-event timer and
 the host clock are replaced by recorders)."""
 import collections
@@ -7,7 +7,7 @@ import collections
 import pytest
 import torch
 
-from kernels import timing
+import cuda_timing as timing
 
 
 def _candidates(order, fake_ms):

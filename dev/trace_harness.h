@@ -1,4 +1,4 @@
-// What bench/fwd_trace.cu and bench/bwd_trace.cu share: the CUDA error check, random bf16 inputs,
+// What dev/fwd_trace.cu and dev/bwd_trace.cu share: the CUDA error check, random bf16 inputs,
 // the params of dense (batch, seqlen, heads, head dim) tensors, and the median CUDA-event time of a
 // launch (3 warm-up runs, then 20 timed groups of launches).
 #pragma once

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Issue 7's acceptance runs on one GPU, one part per call (each fits a 10-minute slot on an H100):
+# The runs behind the headline end-to-end figures, on one GPU, one part per command (each fits in
+# 10 minutes on an H100):
 #
-#   bash bench/issue7_acceptance.sh 1.3b OUT   # GPT-1.3B-8k: our trainer at 3 x 3 beside the plain setups
-#   bash bench/issue7_acceptance.sh 2.7b OUT   # GPT-2.7B-8k: ours at 8 x 2 (18 blocks keep the GELU output)
-#   bash bench/issue7_acceptance.sh log OUT    # a real launch/train.py run at 1.3B-8k: its log's MFU
+#   bash bench/e2e_headline.sh 1.3b OUT   # GPT-1.3B-8k: our trainer at 3 x 3 beside the plain setups
+#   bash bench/e2e_headline.sh 2.7b OUT   # GPT-2.7B-8k: ours at 8 x 2 (18 blocks keep the GELU output)
+#   bash bench/e2e_headline.sh log OUT    # a real launch/train.py run at 1.3B-8k: its log's MFU
 #
 # The plain setups are BENCHMARKS.md's (eager + SDPA cuDNN, torch.compile + SDPA flash) and the
 # strongest plain step we know (torch.compile + SDPA cuDNN, with our compile settings), each at
@@ -12,8 +13,8 @@
 # peak memory, clock / power / energy per token, our log's figure against CUDA events over the same
 # steps, and ratios against eager + cuDNN and against the best plain setup of the run.
 set -euo pipefail
-part=${1:?"usage: issue7_acceptance.sh 1.3b|2.7b|log OUT"}
-out=${2:?"usage: issue7_acceptance.sh 1.3b|2.7b|log OUT"}
+part=${1:?"usage: e2e_headline.sh 1.3b|2.7b|log OUT"}
+out=${2:?"usage: e2e_headline.sh 1.3b|2.7b|log OUT"}
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mkdir -p "$out"
 case "$part" in

@@ -6,7 +6,7 @@
 // (CUDA events, median of 20 groups of launches after 3 warm-up runs) and TFLOP/s (4 b h s^2 d, halved when causal).
 // Inputs are random; the values do not change the timing. Build twice to see what tracing costs:
 //   nvcc -std=c++17 -O3 --use_fast_math --expt-relaxed-constexpr -DFLASHGPT_HAS_SM90A \
-//     -gencode arch=compute_90a,code=sm_90a [-DFLASHGPT_FWD_TRACE] -o /tmp/fwd_trace bench/fwd_trace.cu
+//     -gencode arch=compute_90a,code=sm_90a [-DFLASHGPT_FWD_TRACE] -o /tmp/fwd_trace dev/fwd_trace.cu
 //   /tmp/fwd_trace [causal=1] [seqlen=8192] [batch=2] [heads=16] [traced query block=seqlen/128-1]
 //                  [persistent=0] [head dim=128 (or 64)] [launches per timed group=1 (10: GPU time)]
 // persistent=1 launches the kernel as the extension does (one CTA per SM on a tile counter); the
@@ -44,7 +44,7 @@ int main(int argc, char **argv) {
     Flash_fwd_params p{};
     p.q_ptr = q; p.k_ptr = k; p.v_ptr = v; p.o_ptr = o; p.lse_ptr = lse;
     set_dense_params(p, b, s, h, d, causal);
-    if (persistent) {  // zero once: every launch leaves it zero (v24)
+    if (persistent) {  // zero once: every launch leaves it zero
         CK(cudaMalloc(&p.tile_counter, 2 * sizeof(int)));
         CK(cudaMemset(p.tile_counter, 0, 2 * sizeof(int)));
     }

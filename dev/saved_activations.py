@@ -6,15 +6,15 @@ graph saves (a saved_tensors_hook sees the compiled graph's saves too). Prints t
 bytes -- unique storages, weights and their bf16 copies left out -- per token per layer in units
 of d_model bf16 values ("d-units": 2 * d_model bytes), and the saved tensors by shape and dtype.
 The unit count does not depend on the model's size, so a tiny model on a CPU answers for 1.3B-8k
-(bench/RESULTS.md, end to end session 13: 18 units; 15 GB per 8k sequence at 1.3B on an H100).
+(bench/RESULTS.md: 18 units; 15 GB per 8k sequence at 1.3B on an H100).
 
-    python bench/saved_activations.py                       # the default partitioner
-    python bench/saved_activations.py --budget 0.8          # torch._functorch activation_memory_budget
-    python bench/saved_activations.py --norm-saves-output --recompute-gelu   # model.* memory options
+    python dev/saved_activations.py                         # the default partitioner
+    python dev/saved_activations.py --budget 0.8            # torch._functorch activation_memory_budget
+    python dev/saved_activations.py --norm-saves-output --recompute-gelu     # model.* memory options
                                                             # (recompute_gelu: the fused MLP, CUDA only)
 
 --budget < 1 lets the min-cut partitioner recompute more (a runtime estimate of FLOPs decides
-what): see the session-13 notes for what it chose.
+what).
 """
 from __future__ import annotations
 

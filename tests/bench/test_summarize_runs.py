@@ -1,12 +1,9 @@
 """bench/summarize_runs.py: medians after the warm-up, and the per-GPU ratio against a baseline run
 (the scaling efficiency of bench/scaling_run.sh)."""
 import json
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
-import summarize_runs  # noqa: E402
+import summarize_runs  # bench/ (tests/bench/conftest.py puts it on the path)
 
 
 def fake_run(folder: Path, tok_per_gpu):

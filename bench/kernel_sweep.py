@@ -4,18 +4,19 @@ Same process, same inputs; head dim 64/128, seqlen 512..16k, batch*seqlen = 16k 
 d_model 2048 -> heads = 2048/hdim, bf16, causal and not.
 Timing: CUDA events around each call, warm-up first, median of --reps calls per candidate, the
 candidates of a row interleaved one call at a time in an order where each runs right after every
-other equally often (kernels/timing.py; --fixed-order: 5 passes in a fixed order, sessions 3-11). By default the GPU time
-of a call (the host has queued the call before the first event fires, as in a training step);
---call-time: the time of a synchronised eager call, host launch time included (sessions 1-8).
+other equally often (bench/cuda_timing.py; --fixed-order: 5 passes in a fixed order). By default the
+GPU time of a call (the host has queued the call before the first event fires, as in a training
+step); --call-time: the time of a synchronised eager call, host launch time included.
 TFLOP/s: FLOPs = 4*batch*heads*seqlen^2*hdim (halved if causal); fwd+bwd = 3.5 x fwd.
 Error column: max |ours - fp32 reference| of the forward output on batch 0, heads 0-1
 (the full fp32 reference at 16k would need tens of GB).
 
-    python -m kernels.bench [--reps 30] [--hdims 64 128] [--seqlens 512 1024 ...] [--json out.json]
-                            [--compare-fa2] [--compare-cpasync] [--compare-nopingpong]
-                            [--compare-headmajor] [--compare-fa2bwd] [--compare-directstore]
-                            [--compare-nopersist] [--compare-fwd2wg] [--compare-fwd3wg] [--compare-counter] [--compare-memset] [--compare-bwdlockstep] [--compare-bwdpingpong] [--only-ours]
-                            [--call-time] [--fixed-order]
+    python bench/kernel_sweep.py [--reps 30] [--hdims 64 128] [--seqlens 512 1024 ...] [--json out.json]
+                                 [--compare-fa2] [--compare-cpasync] [--compare-nopingpong]
+                                 [--compare-headmajor] [--compare-fa2bwd] [--compare-directstore]
+                                 [--compare-nopersist] [--compare-fwd2wg] [--compare-fwd3wg]
+                                 [--compare-counter] [--compare-memset] [--compare-bwdlockstep]
+                                 [--compare-bwdpingpong] [--only-ours] [--call-time] [--fixed-order]
 """
 from __future__ import annotations
 
@@ -23,14 +24,18 @@ import argparse
 import contextlib
 import json
 import os
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from kernels import flash_attn_func
-from kernels.reference import attention_ref
-from kernels.timing import time_interleaved_ms
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: our kernels package
+
+from cuda_timing import time_interleaved_ms  # noqa: E402
+from kernels import flash_attn_func  # noqa: E402
+from kernels.reference import attention_ref  # noqa: E402
 
 TOKENS, D_MODEL = 16384, 2048
 
@@ -42,24 +47,23 @@ VARIANTS = {
     "fa2": ("FLASHGPT_SM90", "0", "our FA2 path where the Hopper kernels would run"),
     "cpasync": ("FLASHGPT_SM90_WS", "0", "the cp.async wgmma kernels instead of the TMA ones"),
     "nopingpong": ("FLASHGPT_SM90_PINGPONG", "0", "the TMA forward without pingpong"),
-    "headmajor": ("FLASHGPT_GRID_ORDER", "head", "our kernels on head-major grids (sessions 1-4)"),
-    "group1": ("FLASHGPT_GRID_GROUP", "1", "our kernels in plain block-major launch order (sessions 5-6)"),
+    "headmajor": ("FLASHGPT_GRID_ORDER", "head", "our kernels on head-major grids"),
+    "group1": ("FLASHGPT_GRID_GROUP", "1", "our kernels in plain block-major launch order"),
     "fa2bwd": ("FLASHGPT_SM90_BWD", "0", "the Hopper forward with the FA2 backward"),
     "directstore": ("FLASHGPT_SM90_TMA_STORE", "0",
-                    "the TMA kernels storing O / dK / dV from registers (to v13)"),
+                    "the TMA kernels storing O / dK / dV from registers"),
     "nopersist": ("FLASHGPT_SM90_PERSISTENT", "0",
-                  "the TMA forward with one CTA per tile instead of persistent (to v14)"),
+                  "the TMA forward with one CTA per tile instead of persistent"),
     "fwd2wg": ("FLASHGPT_SM90_FWD_WARPGROUPS", "2",
-               "the head-dim-64 TMA forward with two consumer warpgroups (to v15)"),
+               "the head-dim-64 TMA forward with two consumer warpgroups"),
     "fwd3wg": ("FLASHGPT_SM90_FWD_WARPGROUPS", "3", "it with three consumer warpgroups at every size"),
     "counter": ("FLASHGPT_SM90_FWD_COUNTER", "1",
                 "the head-dim-128 non-causal TMA forward taking tiles from the counter instead of a "
-                "fixed stride (to v21)"),
+                "fixed stride"),
     "memset": ("FLASHGPT_SM90_FWD_MEMSET", "1",
-               "the persistent TMA forward with its tile counter zeroed by a memset before each launch "
-               "(to v23)"),
+               "the persistent TMA forward with its tile counter zeroed by a memset before each launch"),
     "bwdlockstep": ("FLASHGPT_SM90_BWD_PINGPONG", "0",
-                    "the TMA backward with its warpgroups in lock-step at every size, not in turns (to v24)"),
+                    "the TMA backward with its warpgroups in lock-step at every size, not in turns"),
     "bwdpingpong": ("FLASHGPT_SM90_BWD_PINGPONG", "1",
                     "the TMA backward with its warpgroups in turns at every size (default: from 1024 queries)"),
 }
@@ -189,11 +193,11 @@ def main() -> None:
                     help="batch * seqlen per row (16k: the sweep of BENCHMARKS.md; 8k at seqlen 8k = batch 1, "
                          "the end-to-end step's shape)")
     ap.add_argument("--call-time", action="store_true",
-                    help="time synchronised eager calls, host launch time included (the sweeps of sessions 1-8) "
-                         "instead of the GPU time of calls the host has already queued")
+                    help="time synchronised eager calls, host launch time included, instead of the GPU time "
+                         "of calls the host has already queued")
     ap.add_argument("--fixed-order", action="store_true",
-                    help="interleave the candidates in a fixed order (5 passes, sessions 3-11) instead of "
-                         "the balanced one where each runs after every other equally often")
+                    help="interleave the candidates in a fixed order (5 passes, each candidate's calls back to "
+                         "back) instead of the balanced one where each runs after every other equally often")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "

@@ -1,26 +1,31 @@
 """Where an attention forward+backward spends its GPU time, kernel by kernel: ours vs SDPA flash vs
-SDPA cuDNN on one shape of the kernels.bench sweep (16k tokens, d_model 2048, bf16).
+SDPA cuDNN on one shape of the kernel sweep (bench/kernel_sweep.py: 16k tokens, d_model 2048, bf16).
 
 torch.profiler records `--iters` forward+backward calls after a warm-up; each kernel's device time
 is summed per name and divided by the number of calls (microseconds per call). The table shows
 which kernels beyond the main ones (zeroing, pre-/post-processing, copies) each backend launches
 and what they cost: the short-sequence rows of the sweep are where these matter. Beside the kernel
-sum: the CUDA-event time of a call the host has queued ahead (kernels.bench's default: GPU time) and
-of one synchronised call (kernels.bench --call-time; the difference is GPU idle time: host overhead
+sum: the CUDA-event time of a call the host has queued ahead (the sweep's default: GPU time) and
+of one synchronised call (the sweep's --call-time; the difference is GPU idle time: host overhead
 before and between launches), and the host time of one call on a tiny
 shape (1 x 128 tokens x 1 head), where the GPU waits on the host.
 
-    python -m kernels.breakdown --hdim 128 --seqlen 512 [--causal] [--iters 20]
+    python dev/kernel_breakdown.py --hdim 128 --seqlen 512 [--causal] [--iters 20]
 """
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from kernels.bench import D_MODEL, TOKENS, impls
-from kernels.timing import kernel_us_per_call, time_ms
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "bench")]  # our kernels package; the sweep and its timing
+
+from cuda_timing import kernel_us_per_call, time_ms  # noqa: E402
+from kernel_sweep import D_MODEL, TOKENS, impls  # noqa: E402
 
 
 def kernel_times(fn, q, k, v, dout, iters: int) -> dict[str, float]:

@@ -1,8 +1,8 @@
 """Attention forward+backward under sustained load: the regime a training step runs in.
 
 A 1.3B-8k training step holds an H100 at its 700 W board limit, and the GPU lowers its SM clock to
-stay there (1.47-1.68 GHz against 1.98 GHz for a kernel timed alone; bench/RESULTS.md, session 10).
-The sweep (`python -m kernels.bench`) times short bursts at full clock; this module keeps the GPU busy for
+stay there (1.47-1.68 GHz against 1.98 GHz for a kernel timed alone). The kernel sweep
+(bench/kernel_sweep.py) times short bursts at full clock; this module keeps the GPU busy for
 `--seconds` per candidate and reports what the kernels reach there, and the energy they take:
 
   alone       f+b calls back to back: TFLOP/s at the clock the kernel's own power draw allows, board
@@ -14,7 +14,7 @@ Candidates rotate in `--rounds` rounds so warming of the board is shared out. Me
 second half of each turn's calls (steady clock). TFLOP/s: 4·b·h·s²·d per forward (halved when
 causal), f+b = 3.5 x forward. Needs NVML (the driver's libnvidia-ml) for clock and power.
 
-    python bench/sustained_attention.py [--hdim 128] [--seqlen 8192] [--batch 2] [--heads 16] [--causal 1]
+    python dev/sustained_attention.py [--hdim 128] [--seqlen 8192] [--batch 2] [--heads 16] [--causal 1]
 """
 from __future__ import annotations
 
@@ -26,9 +26,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "bench")]  # our packages; the kernel sweep
 
-from kernels.bench import impls  # noqa: E402
+from kernel_sweep import impls  # noqa: E402
 from training.gpu_telemetry import GpuTelemetry  # noqa: E402
 
 

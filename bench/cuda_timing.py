@@ -1,15 +1,16 @@
-"""CUDA-event timing shared by kernels.bench, kernels.tune and kernels.breakdown: warm-up, then the
-median of `reps` calls, each between two events on the current stream (milliseconds). And
-`kernel_us_per_call`: each kernel's device time per call from torch.profiler (breakdown, bench/).
+"""CUDA-event timing shared by the kernel sweep (bench/kernel_sweep.py), the tuner
+(bench/tune_kernels.py) and dev/'s probes: warm-up, then the median of `reps` calls, each between two
+events on the current stream (milliseconds). And `kernel_us_per_call`: each kernel's device time per
+call from torch.profiler (dev/kernel_breakdown.py).
 
 Two modes (`queue_ahead`):
-- True (the default since session 9, "GPU time"): before each timed call the stream is given a spin
+- True (the default, "GPU time"): before each timed call the stream is given a spin
   kernel (torch.cuda._sleep) longer than the call's host time, so the host has queued the whole call
   before the first event fires and the events see only GPU work -- as in a training step, where the
   host runs ahead of the GPU. This is how attention kernels are usually compared.
-- False ("call time", sessions 1-8): the GPU is idle at the first event, so the host's launch and
+- False ("call time"): the GPU is idle at the first event, so the host's launch and
   dispatch time of the call (~0.3 ms for our forward+backward, ~0.7 ms for SDPA cuDNN's: breakdown)
-  is inside the measurement. Still what an eager, synchronised single call costs.
+  is inside the measurement: what an eager, synchronised single call costs.
 """
 from __future__ import annotations
 
@@ -96,16 +97,16 @@ def time_interleaved_ms(fns: Dict[str, Callable[[], object]], reps: int, warmup:
                         rounds: int = 5) -> Dict[str, float]:
     """Median milliseconds per call of each of `fns` (at least `reps` calls each), the candidates
     interleaved so that a clock or power state falls on every candidate alike instead of on whichever
-    ran at that moment (timing each candidate in one block moved single rows by up to 40% on the lent
-    H100: bench/RESULTS.md v10).
+    ran at that moment (timing each candidate in one block moved single rows by up to 40% on an
+    H100).
 
     Default: one call per visit in balanced_order(), repeated -- every candidate runs right after
     every candidate (itself included) equally often. A call's time can depend on what ran just
-    before it (the board's power and clock state; RESULTS v19: at non-causal 16k our f+b ran 606
+    before it (the board's power and clock state: at non-causal 16k on an H100 our f+b ran 606
     TFLOP/s after itself, 614-627 after cuDNN or SDPA flash, while cuDNN's ran 617-620 after any),
-    so the fixed order, where a candidate follows itself 2 calls in 3, biased long rows.
-    fixed_order=True: the order of sessions 3-11 (`rounds` passes in dict order, reps / rounds
-    calls of a candidate back to back per pass), kept to reproduce earlier tables."""
+    so the fixed order, where a candidate follows itself 2 calls in 3, biases long rows.
+    fixed_order=True: `rounds` passes in dict order, reps / rounds calls of a candidate back to back
+    per pass (to reproduce tables timed that way)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()

@@ -5,10 +5,10 @@
 // (2.5 x the forward's 4 b h s^2 d, halved when causal). Inputs are random; the values do not change
 // the timing. Build twice to see what the tracing itself costs:
 //   nvcc -std=c++17 -O3 --use_fast_math --expt-relaxed-constexpr -DFLASHGPT_HAS_SM90A -lineinfo \
-//     -gencode arch=compute_90a,code=sm_90a [-DFLASHGPT_BWD_TRACE] -o /tmp/bwd_trace bench/bwd_trace.cu \
+//     -gencode arch=compute_90a,code=sm_90a [-DFLASHGPT_BWD_TRACE] -o /tmp/bwd_trace dev/bwd_trace.cu \
 //     kernels/csrc/hopper/dispatch.cu        # (the backward's schedule consults the dispatch table)
 //   /tmp/bwd_trace [causal=1] [seqlen=8192] [batch=2] [heads=16] [traced key block=0]
-// FLASHGPT_SM90_BWD_PINGPONG=0 times (and traces) the lock-step loop of v24 instead of the pingpong one.
+// FLASHGPT_SM90_BWD_PINGPONG=0 times (and traces) the lock-step loop instead of the pingpong one.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
