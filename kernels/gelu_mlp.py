@@ -1,7 +1,7 @@
 """The transformer MLP, y = gelu_tanh(x w1^T + b1) w2^T + b2, with the GELU in cuBLASLt's GEMM epilogue.
 
 What it saves against the plain (even compiled) MLP: element-wise memory passes around the GELU
-(bench/mlp_epilogue.py; at 1.3B-8k micro-batch 3 the plain MLP's are 0.83 of its 7.7 ms forward +
+(at 1.3B-8k micro-batch 3 the plain MLP's are 0.83 of its 7.7 ms forward +
 backward per layer on an H100):
   forward   one GEMM writes both the GELU input `pre` (kept for the backward) and its output `g`
             (cuBLASLt's GELU_AUX_BIAS epilogue), instead of a bias GEMM and a GELU kernel;
@@ -13,10 +13,10 @@ backward per layer on an H100):
             build time from the `nvidia-cutlass` wheel): the product dg = dy w2 does that pass in its
             epilogue (csrc/mlp/dgelu_gemm*.cu), so dg is never written or read back. Off by default:
             on an H100 no variant beat cuBLAS's GEMM + this pass at the 2.7B-8k shape
-            (bench/dgelu_gemm.py; bench/RESULTS.md).
+            (bench/RESULTS.md).
 What the backward keeps is the same as the compiled plain MLP's: x, pre and g (g for w2's gradient).
 With recompute_gelu=True it keeps x and pre only (4 d-units per token less, d-units as in
-bench/saved_activations.py), and the backward's GELU pass, which reads pre anyway, writes g again for
+dev/saved_activations.py), and the backward's GELU pass, which reads pre anyway, writes g again for
 w2's gradient (one more (M, h) write; model.recompute_gelu, for a micro-batch that fits only so). The
 rebuilt g is gelu_tanh(pre) of the rounded pre, where the forward's epilogue rounded gelu_tanh of the
 fp32 product: they differ by about one rounding of g, as a plain MLP recomputing its GELU would.

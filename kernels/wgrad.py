@@ -6,7 +6,7 @@ fp32 parameter's .grad (2 + 4 read, 4 written): per micro-batch ~12 bytes of mem
 parameter. Here the weight-gradient GEMM itself reads the fp32 buffer in its epilogue and writes the
 sum (8 bytes per parameter, hidden inside a compute-bound GEMM), and the product is added without
 being rounded to bf16 first (Megatron-LM's "gradient accumulation fusion" does the same). On an H100
-(bench/wgrad_accumulate.py) a 2.7B block's four weight gradients cost 2.16 ms with the fold, 1.89
+a 2.7B block's four weight gradients cost 2.16 ms with the fold, 1.89
 with this (the GEMMs alone 1.82); the trainer uses it for every projection of a block (model/linear.py):
 2.7B-8k 634 -> 643 model TFLOP/s with the MLP's alone (bench/RESULTS.md).
 

@@ -32,7 +32,7 @@ class GPTConfig:
     # default fp32_residual_connection=False: half the bytes in every LayerNorm and residual add).
     residual: str = "fp32"  # fp32 | autocast
     # Activation memory, for a micro-batch that would not fit otherwise (the training forward keeps ~17
-    # d-units -- d_model bf16 values -- per token and layer; bench/saved_activations.py counts them):
+    # d-units -- d_model bf16 values -- per token and layer; dev/saved_activations.py counts them):
     # recompute_gelu: the fused MLP keeps the GELU's input only; the backward's GELU pass, which reads
     # it anyway, writes the output again for the second projection's weight gradient (-4 units; one
     # more (tokens, 4d) write per layer). Fused MLP only (kernels/gelu_mlp.py).

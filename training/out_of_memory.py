@@ -4,7 +4,7 @@ torch's own message ("CUDA out of memory. Tried to allocate 1.54 GiB ...") names
 that failed, not the setting to change. A long-context run fills a GPU with two things: the fp32
 weights, gradients and AdamW moments (16 bytes per parameter, 18 with the bf16 weight cache; fixed
 by the model and the engine) and the activations of one micro-batch (about 17 d_model-wide bf16
-values per token and block, fewer with the model's memory options; bench/saved_activations.py).
+values per token and block, fewer with the model's memory options; dev/saved_activations.py).
 `explain` turns the error into `OutOfMemory`, whose message says both and lists the settings that
 apply to this config, cheapest first. The launcher prints it as one line and exits 2 (README
 "Errors and what to do"); no checkpoint is written after the failure, so the last one stays the

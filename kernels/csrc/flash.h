@@ -83,7 +83,7 @@ void run_bwd_convert_dq(Flash_bwd_params &params, cudaStream_t stream);
 template <typename T>
 void run_wgmma_probe(const void *a, const void *b, const void *v, float *c1, float *c2, cudaStream_t stream);
 
-// Which kernel family runs on Hopper, per shape class (hopper/dispatch.cu; set by kernels/tune.py
+// Which kernel family runs on Hopper, per shape class (hopper/dispatch.cu; set by kernels/tune_cache.py
 // from its on-disk cache): pass 0 = forward, 1 = backward; head_dim 64 or 128; seqlen bucket of
 // seqlen_k: 0 (<= 1k), 1 (<= 2k), 2 (<= 4k), 3 (longer). choice -1 = built-in default, 0 = the FA2
 // kernel, 1 = the Hopper kernel; for the backward also 2 = the Hopper kernel with its consumer

@@ -310,7 +310,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("bwd_into", &mha_bwd_into, "the backward into given dq, dk, dv (views of a packed dqkv)");
     m.def("wgmma_probe", &wgmma_probe, "tests: C1 = a b^T and C2 = bf16(C1) v through Hopper wgmma");
     m.def("set_debug_poison", &set_debug_poison, "tests: fill outputs with NaN before each launch");
-    m.def("set_sm90_choice", &set_sm90_choice, "Hopper dispatch per shape class (kernels/tune.py): "
+    m.def("set_sm90_choice", &set_sm90_choice, "Hopper dispatch per shape class (kernels/tune_cache.py): "
           "pass 0/1, head dim 64/128, causal, seqlen bucket 0-3, choice -1 default / 0 FA2 / 1 Hopper "
           "(backward: 2 Hopper in lock-step / 3 Hopper in turns)");
     m.def("sm90_choice", &sm90_choice, "the Hopper dispatch choice of a shape class (-1 = default)");

@@ -4,7 +4,7 @@
 // K/V (forward) or its Q/dO reads and dQ reduce-adds (backward) in L2. Head-major order puts one
 // block of each of ~132 heads in a wave: at short sequences with many heads every block re-reads its
 // head's tensors from HBM (16k tokens, 512 per sequence, head dim 128: 4x the K/V traffic;
-// kernels/NOTES.md). FLASHGPT_GRID_ORDER=head selects it (read on every launch: kernels/bench.py
+// kernels/NOTES.md). FLASHGPT_GRID_ORDER=head selects it (read on every launch: bench/kernel_sweep.py
 // --compare-headmajor).
 //
 // Heads in groups: CTAs start in launch order as SMs free up, so under a causal mask

@@ -6,7 +6,7 @@
 //              with enough shared memory): (query rows per step, keys per block, warps, key warps,
 //              16-row dQ slabs per warp)
 // FLASH_TUNE selects an alternative set for tuning sweeps, built side by side with
-//   FLASHGPT_NVCC_EXTRA=-DFLASH_TUNE=<n> python -m kernels.bench --only-ours ...
+//   FLASHGPT_NVCC_EXTRA=-DFLASH_TUNE=<n> python bench/kernel_sweep.py --only-ours ...
 // (macros, not -D values with commas: nvcc splits -D arguments at commas).
 // The default set (FLASH_TUNE 0) is the fastest measured; kernels/NOTES.md has the numbers.
 #pragma once

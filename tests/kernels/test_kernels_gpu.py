@@ -527,7 +527,7 @@ def test_dispatch_override_selects_the_kernel_family(monkeypatch, kernel_path):
 @hopper_only
 def test_backward_schedule_from_threshold_cache_and_switch(monkeypatch, kernel_path):
     """The TMA backward's warpgroups take turns from 1024 queries, lock-step below; above 1k keys
-    a tuning-cache choice of 2 / 3 (kernels.tune) sets the schedule per shape class; the switch
+    a tuning-cache choice of 2 / 3 (bench/tune_kernels.py) sets the schedule per shape class; the switch
     FLASHGPT_SM90_BWD_PINGPONG=0 / 1 overrides both. And the schedule changes no result."""
     if kernel_path != "default":
         pytest.skip("reads the dispatch itself; the other paths set its switches")

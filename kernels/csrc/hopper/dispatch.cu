@@ -1,5 +1,5 @@
 // Storage of the per-shape-class Hopper dispatch choices (declared in flash.h, read by
-// hopper/dispatch.h, written through the binding by kernels/tune.py), and the dispatch questions the
+// hopper/dispatch.h, written through the binding by kernels/tune_cache.py), and the dispatch questions the
 // binding (a .cpp, which cannot include the CUDA headers) asks. One definition for the whole
 // extension; host code only.
 #include <stdexcept>

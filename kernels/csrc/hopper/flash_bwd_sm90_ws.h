@@ -48,7 +48,7 @@ namespace flash {
 namespace sm90 {
 
 #ifdef FLASHGPT_BWD_TRACE
-// Diagnostic timeline (bench/bwd_trace.cu builds with -DFLASHGPT_BWD_TRACE; the extension never does):
+// Diagnostic timeline (dev/bwd_trace.cu builds with -DFLASHGPT_BWD_TRACE; the extension never does):
 // the SM clock at each phase point of each step, written by lane 0 of warp 0 of each consumer
 // warpgroup ([0], [1]) and of the dQ warp ([2]) of one CTA: head 0 of batch 0, key block
 // g_bwd_trace_block. [w][it][point], points as named at each BWD_TRACE below.

@@ -42,7 +42,7 @@ namespace flash {
 namespace sm90 {
 
 #ifdef FLASHGPT_FWD_TRACE
-// Diagnostic timeline (bench/fwd_trace.cu builds with -DFLASHGPT_FWD_TRACE; the extension never does).
+// Diagnostic timeline (dev/fwd_trace.cu builds with -DFLASHGPT_FWD_TRACE; the extension never does).
 // Per CTA (linear launch index, up to 64K): SM id and SM clocks at entry, Q and K_0 landed, each
 // consumer warpgroup's loop end and exit ([cta][2 + 2 cw], [cta][3 + 2 cw]), and the global timer (ns) at entry / exit.
 // Per step of one CTA (head 0 of batch 0, query block g_fwd_trace_block), per consumer warpgroup:
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
     // Per Q buffer, the tile it holds, decoded by the producer: m_block (-1: no more tiles), b, h,
     // and its key tiles (-1: a block past a packed sequence's end). Decoding in the consumers would put
     // ~8 integer divisions, a dependent chain of ~1200 clocks, between two tiles while the other
-    // warpgroup waits at the same boundary (measured with bench/fwd_trace.cu's per-tile timeline).
+    // warpgroup waits at the same boundary (measured with dev/fwd_trace.cu's per-tile timeline).
     volatile int *tile_info = reinterpret_cast<volatile int *>(smem + kWsBarrierOffset<D, NC> + (2 * kWsQBufs + 4 * S) * 8);
 
 #ifdef FLASHGPT_FWD_TRACE
@@ -580,7 +580,7 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
     } else if (params.tile_counter != nullptr && persistent_forward()) {  // one CTA per SM walks the list
         ctas = std::min(ctas, sm_count());
         tiles.counter = params.tile_counter;  // zero, as every launch leaves it
-        if (env_is("FLASHGPT_SM90_FWD_MEMSET", "1"))  // A/B only: a memset per launch (kernels.bench --compare-memset)
+        if (env_is("FLASHGPT_SM90_FWD_MEMSET", "1"))  // A/B only: a memset per launch (bench/kernel_sweep.py --compare-memset)
             FLASH_CHECK_CUDA(cudaMemsetAsync(tiles.counter, 0, 2 * sizeof(int), stream));
     }
     // Is_even: no key tile runs past the keys (only the softmax's key mask reads it; rows past seqlen_q

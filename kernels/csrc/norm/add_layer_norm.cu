@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kMaxThreads) add_layer_norm_forward_kernel(con
 
 // Loads are not issued a row ahead here (unlike the forward): in registers that takes the kernel to 105
 // registers (one 320-thread block per SM at d = 2560); staged through shared memory by cp.async (no
-// registers) it measured 2% slower than this (bench/add_layer_norm.py). Bounded at 64
+// registers) it measured 2% slower than this. Bounded at 64
 // registers for d <= 4096: three 320-thread blocks per SM at d = 2560.
 template <typename T2, int kMaxThreads>
 __global__ void __launch_bounds__(kMaxThreads, kMaxThreads == 512 ? 2 : 1) add_layer_norm_backward_kernel(const uint4 *__restrict__ dh_in, const uint4 *__restrict__ dy,
