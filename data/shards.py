@@ -15,7 +15,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from data.sources import DataError
+from data.errors import DataError
 
 FORMAT_VERSION = 1
 META = "meta.json"
