@@ -24,7 +24,7 @@ COMMON="train.global_batch_size=8 train.micro_batch_size=1 train.max_steps=$STEP
 train.save_final=false logging.progress=false logging.wandb=disabled train.out_dir=$OUT data.cache_dir=$OUT/cache \
 train.compile=$COMPILE ${EXTRA:-}"
 mkdir -p $OUT
-python3 -m data.prepare --config $CONFIG data.cache_dir=$OUT/cache >/dev/null 2>&1
+python3 launch/prepare_data.py --config $CONFIG data.cache_dir=$OUT/cache >/dev/null 2>&1
 
 engine_args() {  # engine name -> config overrides
   case $1 in

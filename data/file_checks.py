@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Iterable, Optional
 
-from data.sources import DataError
+from data.errors import DataError
 
 CHUNK = 1 << 20  # bytes read at a time when checking UTF-8
 UTF8_FIX = "convert it to UTF-8 (e.g. `iconv -f latin1 -t utf-8 in > out`) or remove it from data.source"

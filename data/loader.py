@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from data.shards import open_split
-from data.sources import DataError
+from data.errors import DataError
 
 STATE_VERSION = 1
 PREFETCH_PER_WORKER = 2  # batches built ahead per worker thread

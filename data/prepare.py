@@ -1,6 +1,6 @@
 """Corpus -> tokenizer -> token shards, cached on disk: `prepare(cfg.data, model_vocab_size)`.
 
-    python -m data.prepare --config tiny_cpu.yaml [data.source=[my/folder] ...]
+    python launch/prepare_data.py --config tiny_cpu.yaml [data.source=[my/folder] ...]   # ahead of a run
 
 Steps: resolve `data.source` (data/sources.py), load documents with `datasets`, split them into
 train/val by a hash of each document's text, train a byte-level BPE on train (or load a
@@ -16,7 +16,6 @@ safe too: each builds its own temp folder and the loser of the `os.replace` race
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import json
@@ -25,11 +24,10 @@ import os
 import re
 import shutil
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict
 
 import numpy as np
 
@@ -279,19 +277,5 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def main(argv: Optional[List[str]] = None) -> None:
-    ap = argparse.ArgumentParser(description="Tokenize data.source into cached token shards.")
-    ap.add_argument("--config", default=None, help="configs/NAME.yaml (or a path)")
-    ap.add_argument("overrides", nargs="*", help="key=value, e.g. data.tokenizer_vocab_size=8192")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from training.config import ConfigError, load_config
-    try:
-        cfg = load_config(args.config, args.overrides)
-        print(prepare(cfg.data, cfg.model.vocab_size).summary())
-    except (DataError, ConfigError) as e:
-        sys.exit(f"error: {e}")
-
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the command line needs the run config (training/), so it lives in launch/
+    raise SystemExit("error: prepare data with `python launch/prepare_data.py --config NAME.yaml [key=value ...]`")

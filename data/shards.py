@@ -15,7 +15,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from data.sources import DataError
+from data.errors import DataError
 
 FORMAT_VERSION = 1
 META = "meta.json"
@@ -93,7 +93,7 @@ def open_split(folder: Path, split: str) -> tuple:
     meta = read_meta(folder)
     if meta is None:
         raise DataError(f"{folder} is not a complete prepared data folder (no valid {META}); run "
-                        f"`python -m data.prepare --config ...` or point the loader at PreparedData.dir")
+                        f"`python launch/prepare_data.py --config ...` or point the loader at PreparedData.dir")
     if split not in meta["splits"]:
         raise DataError(f"split '{split}' not in {folder}; it has {sorted(meta['splits'])}")
     dt = np_dtype(meta["dtype"])

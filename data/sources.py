@@ -15,14 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from data.errors import DataError  # also the public name data.sources.DataError
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXTENSIONS = {"text": (".txt", ".text"), "json": (".jsonl", ".json"), "parquet": (".parquet",)}
 # "owner/name" or "name", optionally ":config" — anything else that is not on disk is a missing path
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?(:[\w.-]+)?$")
-
-
-class DataError(ValueError):
-    """A data problem, with one message naming the problem and the fix."""
 
 
 @dataclass(frozen=True)

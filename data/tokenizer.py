@@ -14,7 +14,7 @@ from typing import Iterable, Iterator, List, Optional
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from data.sources import DataError
+from data.errors import DataError
 
 EOS = "<|endoftext|>"
 EOS_ALIASES = (EOS, "</s>", "<eos>", "<|end_of_text|>")  # accepted in a loaded tokenizer.json

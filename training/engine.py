@@ -1,9 +1,6 @@
-"""Engines: the model + optimizer + schedule behind one small interface, so the trainer does not care
-whether plain torch (single process / DDP) or DeepSpeed runs underneath.
-
-    loss = engine.forward_backward(batch, sync)   # one micro-batch; returns the detached loss
-    stats = engine.step()                          # clip, optimizer step, zero grads, schedule
-    engine.save(dir) / engine.load(dir)           # the engine's own files inside a checkpoint folder
+"""The plain PyTorch engine (`TorchEngine`): one process, or replicas across the torchrun ranks, and the
+choices it makes from the config (gradient sync, weight cache, fp32 weight gradients). The interface is
+in training/engine_base.py; training/engine_factory.py picks the engine a config asks for.
 """
 from __future__ import annotations
 
@@ -11,7 +8,6 @@ import collections
 import contextlib
 import logging
 import os
-from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Dict
 
@@ -21,58 +17,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from training.checkpoint import load_data
 from training.config import Config, grad_accum_steps
 from training.distributed import DistInfo
+from training.engine_base import Engine, autocast_dtype
 from training.grad_allreduce import ReduceAsWritten, all_reduce_grads, broadcast_from_rank0
 from training.compile_options import prepare_compile
 from training.optim import WarmupCosine, build_optimizer, clip_scale, clips_in_step
 from training.weight_cache import WeightCache
 
 log = logging.getLogger(__name__)
-
-
-def autocast_dtype(cfg: Config, device: torch.device):
-    """bf16 autocast on CUDA by default; fp32 on CPU unless asked (CPU bf16 is slow and lossy)."""
-    if cfg.train.dtype == "bf16" or (cfg.train.dtype == "auto" and device.type == "cuda"):
-        return torch.bfloat16
-    return None
-
-
-class Engine(ABC):
-    model: torch.nn.Module  # the bare model (no wrapper), for evaluation and counting
-    compiled = False  # train.compile took effect (shown in the run banner)
-
-    @abstractmethod
-    def forward_backward(self, batch, sync: bool) -> torch.Tensor: ...
-
-    @abstractmethod
-    def step(self) -> Dict[str, torch.Tensor | float]: ...
-
-    @abstractmethod
-    def save(self, directory: Path) -> None: ...
-
-    @abstractmethod
-    def load(self, directory: Path) -> None: ...
-
-    @property
-    @abstractmethod
-    def lr(self) -> float: ...
-
-    def autocast(self):
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.amp_dtype)
-
-    @torch.no_grad()
-    def eval_loss(self, batch) -> torch.Tensor:
-        with self.autocast():
-            return self.model(*self._inputs(batch)).detach()
-
-    def _inputs(self, batch):
-        x = batch.x.to(self.device, non_blocking=True)
-        y = batch.y.to(self.device, non_blocking=True)
-        cu = getattr(batch, "cu_seqlens", None)
-        if cu is not None:
-            return x, y, cu.to(self.device, non_blocking=True), batch.max_seqlen
-        return x, y
 
 
 def weight_cache_choice(cfg: Config, dist: DistInfo, amp_dtype) -> tuple:
@@ -254,15 +205,3 @@ class TorchEngine(Engine):
         state = load_data(Path(directory) / "engine.pt", map_location=self.device)
         self.load_state_dict(state)
 
-
-def build_engine(model: torch.nn.Module, cfg: Config, dist: DistInfo) -> Engine:
-    """engine.type=torch: DDP (or one process) / FSDP2 (engine.parallel=fsdp); deepspeed: ZeRO 0-3."""
-    if cfg.engine.type == "deepspeed":
-        from training.engine_deepspeed import DeepSpeedEngine
-
-        return DeepSpeedEngine(model, cfg, dist)
-    if cfg.engine.parallel == "fsdp":
-        from training.engine_fsdp import FSDPEngine
-
-        return FSDPEngine(model, cfg, dist)
-    return TorchEngine(model, cfg, dist)

@@ -18,7 +18,7 @@ from training.checkpoint import load_data
 from training.config import Config
 from training.deepspeed_config import deepspeed_config
 from training.distributed import DistInfo, ensure_process_group
-from training.engine import Engine, autocast_dtype
+from training.engine_base import Engine, autocast_dtype
 from training.compile_options import prepare_compile
 from training.optim import WarmupCosine, build_optimizer, param_groups
 

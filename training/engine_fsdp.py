@@ -18,7 +18,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from training.checkpoint import load_data
 from training.config import Config, grad_accum_steps
 from training.distributed import DistInfo, ensure_process_group
-from training.engine import TorchEngine, autocast_dtype
+from training.engine import TorchEngine
+from training.engine_base import autocast_dtype
 from training.compile_options import prepare_compile
 from training.optim import WarmupCosine, build_optimizer
 

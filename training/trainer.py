@@ -24,7 +24,9 @@ from training.checkpoint import (CheckpointError, Checkpointer, IncompatibleChec
 from training.config import Config, grad_accum_steps, save_resolved, to_dict, zero3_partitions_modules
 from training.determinism import make_deterministic
 from training.distributed import DistInfo, control_store, rank0_first, stop_group
-from training.engine import TorchEngine, autocast_dtype, build_engine
+from training.engine import TorchEngine
+from training.engine_base import autocast_dtype
+from training.engine_factory import build_engine
 from training.logging import RunLogger
 from training.gpu_telemetry import GpuTelemetry
 from training.metrics import DeferredScalars, ThroughputMeter, memory_stats, peak_flops

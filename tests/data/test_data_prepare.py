@@ -159,14 +159,27 @@ def test_shipped_corpus_prepare(tmp_path):
 
 
 def test_cli(tmp_path, small_corpus):
-    out = subprocess.run([sys.executable, "-m", "data.prepare", f"data.source=[{small_corpus}]",
+    """launch/prepare_data.py: the summary on stdout; bad data is one line and exit code 2."""
+    script = str(REPO_ROOT / "launch" / "prepare_data.py")
+    out = subprocess.run([sys.executable, script, f"data.source=[{small_corpus}]",
                           f"data.cache_dir={tmp_path / 'cache'}", "data.tokenizer_vocab_size=300",
-                          "data.num_proc=1"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+                          "data.num_proc=1"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "tokens in" in out.stdout and str(tmp_path / "cache") in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "data.prepare", f"data.source=[{tmp_path / 'nope.txt'}]"],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
-    assert bad.returncode != 0 and "not found" in bad.stderr and "Traceback" not in bad.stderr
+    bad = subprocess.run([sys.executable, script, f"data.source=[{tmp_path / 'nope.txt'}]"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.startswith("data error: ") and "not found" in bad.stderr
+    config = subprocess.run([sys.executable, script, "data.nope=1"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert config.returncode == 2 and config.stderr.startswith("config error: "), config.stderr
+
+
+def test_the_data_package_has_no_command_line(tmp_path):
+    """`python -m data.prepare` names the command that prepares data rather than doing nothing."""
+    out = subprocess.run([sys.executable, "-m", "data.prepare"], cwd=REPO_ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode != 0 and "launch/prepare_data.py" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_concurrent_builders_agree(tmp_path, small_corpus):
