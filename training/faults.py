@@ -119,7 +119,7 @@ def reach(place: str, step: int, rank: int) -> None:
         return
     points = plan().get((place, step, rank))
     if points:
-        for point, (where, action) in POINTS.items():
+        for point, (_, action) in POINTS.items():
             if point in points and action is not None:
                 action()
 
