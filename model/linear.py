@@ -1,4 +1,5 @@
-"""nn.Linear with an optional fp32 gradient buffer its weight gradient is added into.
+"""nn.Linear with an optional fp32 gradient buffer its weight gradient is added into: the model's slot of
+the fp32 weight-gradient feature, which training/weight_cache.py owns (it fills the slot).
 
 `main_grad` is a non-persistent buffer, None by default: then this is nn.Linear. The trainer sets it
 from outside, through `torch.func.functional_call`, to the fp32 weight's .grad when the model runs on

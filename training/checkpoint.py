@@ -247,7 +247,7 @@ class Checkpointer:
         def write():
             engine.save(tmp)
             torch.save(rank_state, tmp / f"rank{rank:05d}.pt")
-            faults.maybe_kill("ckpt_write", step, rank)
+            faults.reach("ckpt_write", step, rank)  # tests only
             if self.dist.is_main:
                 torch.save({**client_state, "format_version": FORMAT_VERSION, "step": step,
                             "world_size": self.dist.world_size}, tmp / "client.pt")
@@ -262,7 +262,7 @@ class Checkpointer:
                 self._remove(final)
             os.replace(tmp, final)
             fsync_dir(self.root)
-            faults.maybe_kill("ckpt_commit", step, rank)
+            faults.reach("ckpt_commit", step, rank)  # tests only
             _atomic_write_text(self.root / POINTER, final.name + "\n")
             self._prune(final)
 

@@ -4,10 +4,8 @@ in training/engine_base.py; training/engine_factory.py picks the engine a config
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
-import os
 from pathlib import Path
 from typing import Dict
 
@@ -18,67 +16,14 @@ from training.checkpoint import load_data
 from training.config import Config, grad_accum_steps
 from training.distributed import DistInfo
 from training.engine_base import Engine, autocast_dtype
-from training.grad_allreduce import ReduceAsWritten, all_reduce_grads, broadcast_from_rank0
+from training.grad_allreduce import all_reduce_grads, broadcast_from_rank0, grad_sync_choice
 from training.compile_options import prepare_compile
 from training.optim import WarmupCosine, build_optimizer, clip_scale, clips_in_step
-from training.weight_cache import WeightCache
+from training.weight_cache import setup as setup_weight_cache
 
 log = logging.getLogger(__name__)
 
 
-def weight_cache_choice(cfg: Config, dist: DistInfo, amp_dtype) -> tuple:
-    """(use the low-precision weight cache?, why) for the plain torch engine."""
-    if cfg.engine.weight_cache == "disabled":
-        return False, "engine.weight_cache=disabled"
-    if amp_dtype is None:
-        return False, "no autocast (fp32 run): nothing to cast"
-    if dist.enabled and grad_sync_choice(cfg, dist, amp_dtype)[0] == "ddp":
-        # DDP's hooks sit on the parameters' AccumulateGrad, which the cache's copies bypass
-        return False, "engine.grad_sync=ddp: DDP reduces the gradients from the fp32 parameters' own hooks"
-    return True, f"matmul weights cast to {str(amp_dtype).split('.')[-1]} once per optimizer step"
-
-
-def grad_sync_choice(cfg: Config, dist: DistInfo, amp_dtype) -> tuple:
-    """(how the replicated torch engine reduces gradients over ranks, why): "ddp" (torch DDP, overlapped
-    with the backward) or "after_backward" (training/grad_allreduce.py: after the last micro-batch, which
-    lets the weight cache and the fp32 weight-gradient GEMMs run), or "during_backward" (the same, each
-    fp32 weight gradient's all-reduce started as its GEMM writes it in the last micro-batch). auto:
-    during_backward when the cache applies and all ranks are on one node (2 H100s, 1.3B-8k: 672 vs 666
-    TFLOP/s per GPU after the backward, bench/RESULTS.md); DDP across nodes, whose slower
-    links need DDP's bucketed overlap."""
-    choice = cfg.engine.grad_sync
-    if choice != "auto":
-        return choice, f"engine.grad_sync={choice}"
-    if cfg.engine.weight_cache == "disabled" or amp_dtype is None:
-        return "ddp", "auto: no weight cache to keep (fp32 run, or engine.weight_cache=disabled)"
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", -1)))
-    if local != dist.world_size:
-        return "ddp", (f"auto: {dist.world_size} ranks over several nodes (or a launcher that does not say"
-                       f" LOCAL_WORLD_SIZE): DDP overlaps the slower all-reduce with the backward")
-    return "during_backward", (f"auto: one node of {dist.world_size} ranks: each fp32 weight gradient summed "
-                               f"as the last micro-batch's backward writes it, so the weight cache and fp32 "
-                               f"weight-gradient GEMMs stay on")
-
-
-def wgrad_fp32_choice(cfg: Config, device: torch.device) -> tuple:
-    """(weight-gradient GEMMs accumulate into the fp32 .grad?, why), given that the weight cache is on."""
-    choice = cfg.engine.wgrad_fp32
-    if choice != "auto":
-        return choice == "enabled", f"engine.wgrad_fp32={choice}"
-    if device.type != "cuda":
-        return False, f"auto: on {device.type} the bf16 gradients fold as before"
-    import kernels
-
-    if not kernels.is_available():
-        return False, f"auto: our CUDA extension is unavailable ({kernels.unavailable_reason()})"
-    return True, "weight gradients accumulate in fp32 inside their GEMMs (kernels/wgrad.py)"
-
-
-def functional_forward(model: torch.nn.Module):
-    """model(*inputs) with some parameters replaced by the given tensors (the weight cache)."""
-    def run(params, *inputs):
-        return torch.func.functional_call(model, params, inputs)
-    return run
 
 
 class TorchEngine(Engine):
@@ -110,17 +55,9 @@ class TorchEngine(Engine):
             broadcast_from_rank0(self.model)  # the replicas start equal, as DDP makes them
         self.wrapped = wrapped
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        use_cache, _ = weight_cache_choice(cfg, dist, self.amp_dtype)
-        if use_cache:
-            fp32_wgrad, _ = wgrad_fp32_choice(cfg, self.device)
-            self.weight_cache = WeightCache(self.model, self.amp_dtype, fp32_wgrad)
-            run = functional_forward(self.model)
-            self.cached_forward = torch.compile(run, options=options) if cfg.train.compile else run
-        self.reducer = None  # during_backward: the weights whose fp32 gradient a GEMM writes, once each
-        if self.grad_sync == "during_backward":
-            written = [m for _, m in self.weight_cache.accumulated] if self.weight_cache is not None else []
-            times = collections.Counter(id(m) for m in written)  # the tied weight has two writers: not early
-            self.reducer = ReduceAsWritten(m for m in written if times[id(m)] == 1)
+        # low-precision weight cache, fp32 weight-gradient GEMMs, early reduction (training/weight_cache.py)
+        self.weight_cache, self.cached_forward, self.reducer = setup_weight_cache(
+            self.model, cfg, dist, self.amp_dtype, self.grad_sync, options)
 
     def forward_backward(self, batch, sync: bool) -> torch.Tensor:
         """One micro-batch. `sync=False` skips DDP's gradient all-reduce (all but the last

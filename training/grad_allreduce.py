@@ -14,18 +14,21 @@ is the mean.
 `all_reduce_grads` runs after the backward, not during it as DDP's reduction does: on one node
 (NVLink) that costs about 1% of a step at 4 micro-batches per GPU (bench/RESULTS.md);
 across nodes, where the all-reduce is slower, DDP's overlap wins, and `engine.grad_sync=auto` keeps
-DDP there (training/engine.py `grad_sync_choice`). `ReduceAsWritten` (engine.grad_sync=during_backward,
-auto's pick on one node: +0.9% per GPU on 2 H100s) starts each fp32 weight gradient's
-all-reduce as soon as its GEMM has written it in the last micro-batch.
+DDP there (`grad_sync_choice`). engine.grad_sync=during_backward (auto's pick on one node: +0.9% per
+GPU on 2 H100s) starts each fp32 weight gradient's all-reduce as soon as its GEMM has written it in the
+last micro-batch (`ReduceAsWritten`, training/weight_cache.py, which owns those GEMMs' wiring).
 """
 from __future__ import annotations
 
-import contextlib
+import os
 from typing import Iterable
 
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from training.config import Config
+from training.distributed import DistInfo
 
 SMALL_NUMEL = 1 << 20  # gradients below this many elements share one packed all-reduce
 
@@ -53,53 +56,26 @@ def all_reduce_grads(params: Iterable[torch.nn.Parameter], small_numel: int = SM
             g.copy_(reduced)
 
 
-class ReduceAsWritten:
-    """engine.grad_sync=during_backward: in the last micro-batch, each fp32 weight gradient that a
-    weight-gradient GEMM writes (kernels/wgrad.py, the weight cache's main_grad weights) is all-reduced
-    as soon as that GEMM is queued, so its transfer overlaps the rest of the backward, as DDP's buckets
-    do; `finish()` waits for those and sums the other gradients (biases, norms, the tied embedding / head
-    weight, whose two writers come at both ends of the backward) as `all_reduce_grads` does.
-
-        reducer = ReduceAsWritten(early_params)
-        with reducer.armed():      # after the last micro-batch's forward (its .grad buffers exist)
-            loss.backward()
-        reducer.finish(all_params)
-
-    Every rank's backward writes the same gradients in the same order (one model, one graph), so the
-    collectives match across ranks. A gradient written by a copy rather than in place (a compiled graph
-    that did not reinplace the op) is not recognised and simply waits for `finish()`.
-    """
-
-    def __init__(self, early_params: Iterable[torch.nn.Parameter]):
-        self.early = list(early_params)
-        self._by_ptr, self._works, self._reduced = {}, [], set()
-
-    def _written(self, main_grad: torch.Tensor) -> None:
-        p = self._by_ptr.pop(main_grad.data_ptr(), None)
-        if p is not None:  # its last write in this accumulation: sum it while the backward goes on
-            self._works.append(dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, async_op=True))
-            self._reduced.add(id(p))
-
-    @contextlib.contextmanager
-    def armed(self):
-        from kernels.wgrad import set_written_hook
-
-        self._by_ptr = {p.grad.data_ptr(): p for p in self.early if p.grad is not None}
-        self._works, self._reduced = [], set()
-        set_written_hook(self._written)
-        try:
-            yield self
-        finally:
-            set_written_hook(None)
-
-    @torch.no_grad()
-    def finish(self, params: Iterable[torch.nn.Parameter]) -> int:
-        """Wait for the early all-reduces, then sum the rest; returns how many went early."""
-        for work in self._works:
-            work.wait()
-        all_reduce_grads(p for p in params if id(p) not in self._reduced)
-        early, self._works, self._by_ptr = len(self._reduced), [], {}
-        return early
+def grad_sync_choice(cfg: Config, dist: DistInfo, amp_dtype) -> tuple:
+    """(how the replicated torch engine reduces gradients over ranks, why): "ddp" (torch DDP, overlapped
+    with the backward) or "after_backward" (training/grad_allreduce.py: after the last micro-batch, which
+    lets the weight cache and the fp32 weight-gradient GEMMs run), or "during_backward" (the same, each
+    fp32 weight gradient's all-reduce started as its GEMM writes it in the last micro-batch). auto:
+    during_backward when the cache applies and all ranks are on one node (2 H100s, 1.3B-8k: 672 vs 666
+    TFLOP/s per GPU after the backward, bench/RESULTS.md); DDP across nodes, whose slower
+    links need DDP's bucketed overlap."""
+    choice = cfg.engine.grad_sync
+    if choice != "auto":
+        return choice, f"engine.grad_sync={choice}"
+    if cfg.engine.weight_cache == "disabled" or amp_dtype is None:
+        return "ddp", "auto: no weight cache to keep (fp32 run, or engine.weight_cache=disabled)"
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", -1)))
+    if local != dist.world_size:
+        return "ddp", (f"auto: {dist.world_size} ranks over several nodes (or a launcher that does not say"
+                       f" LOCAL_WORLD_SIZE): DDP overlaps the slower all-reduce with the backward")
+    return "during_backward", (f"auto: one node of {dist.world_size} ranks: each fp32 weight gradient summed "
+                               f"as the last micro-batch's backward writes it, so the weight cache and fp32 "
+                               f"weight-gradient GEMMs stay on")
 
 
 @torch.no_grad()

@@ -75,7 +75,7 @@ class Trainer:
         self.skipped_steps = self.consecutive_skips = 0  # non-finite steps: in total, in a row now
         self.abandoned_after = 0  # micro-batches of the step a signal stopped (train_step)
         self.watchdog: Optional[HangWatchdog] = None  # several ranks with train.hang_timeout_s > 0 (fit)
-        faults.install_nan_hook(engine.model, lambda: self.step + 1, dist.rank)  # tests only
+        faults.install(engine.model, lambda: self.step + 1, dist.rank)  # tests only: nan_loss / nan_grad
 
     @classmethod
     def build(cls, cfg: Config, dist: DistInfo) -> "Trainer":
@@ -216,12 +216,11 @@ class Trainer:
             batch = self.train_loader.next_batch()
             loss_sum += self.engine.forward_backward(batch, sync=micro == self.accum - 1).float()
             if micro == 0:
-                faults.maybe_oom(self.step + 1, self.dist.rank)  # tests only
-                faults.maybe_hang(self.step + 1, self.dist.rank)  # tests only
+                faults.reach("first_micro_batch", self.step + 1, self.dist.rank)  # tests only
             if self.watchdog is not None:
                 self.watchdog.at(micro + 1)
         loss = self.dist.all_reduce_mean(loss_sum / self.accum)
-        faults.maybe_kill("step", self.step + 1, self.dist.rank)  # tests only
+        faults.reach("update", self.step + 1, self.dist.rank)  # tests only
         grad_norm = self._grad_norm()
         flags = torch.stack([(~torch.isfinite(loss) | ~torch.isfinite(grad_norm)).float(),
                              torch.tensor(float(signals.requested), device=loss.device)])

@@ -1,10 +1,21 @@
-"""Low-precision copies of the matmul weights, made once per optimizer step.
+"""The low-precision weight cache and the fp32 weight-gradient GEMMs: this module owns the feature
+(when it applies, building it, arming the early gradient reduction); the engine calls `setup` once.
+The other pieces are slots and kernels it fills: model/linear.py and model/tied_grad.py (`main_grad`
+buffers), model/gpt.py (`weight_lp`, the tied head's copy), model/loss.py and kernels/gelu_mlp.py
+(backwards that add into main_grad), kernels/wgrad.py (the GEMM that adds dy^T x into fp32).
 
-Under bf16 autocast every forward casts each fp32 `nn.Linear` weight (and bias) to bf16, and every
-backward turns the bf16 weight gradient back into fp32 before adding it to `.grad`: per micro-batch
-that is ~14 bytes of memory traffic per parameter in small element-wise kernels (1.3B-8k on an H100:
-~3% of the step, bench/RESULTS.md). With 8 accumulated micro-batches the weights do not
-change between them, so the cast only needs to happen once per optimizer step.
+    cache, forward, reducer = setup(model, cfg, dist, amp_dtype, grad_sync, compile_options)
+    loss = forward(cache.tensors(), *inputs)       # each micro-batch, under autocast
+    with reducer.armed(): loss.backward()           # last micro-batch, grad_sync=during_backward
+    reducer.finish(params)
+    optimizer.step(); cache.invalidate()
+
+Low-precision copies of the matmul weights, made once per optimizer step: under bf16 autocast every
+forward casts each fp32 `nn.Linear` weight (and bias) to bf16, and every backward turns the bf16 weight
+gradient back into fp32 before adding it to `.grad`: per micro-batch that is ~14 bytes of memory traffic
+per parameter in small element-wise kernels (1.3B-8k on an H100: ~3% of the step, bench/RESULTS.md).
+With 8 accumulated micro-batches the weights do not change between them, so the cast only needs to
+happen once per optimizer step.
 
 `WeightCache` holds one bf16 copy (a leaf tensor that requires grad) per cached fp32 parameter. The
 engine runs the model with `torch.func.functional_call(model, cache.tensors(), ...)`, so the matmuls
@@ -29,13 +40,82 @@ bf16 on the way (the run is then not bit-identical to autocast's, but closer to 
 fold. The tied embedding / head weight gets the same: both modules' `main_grad` is its fp32 .grad,
 and their backwards add into it (model/tied_grad.py). The fp32 .grad of those weights then exists
 from the first micro-batch's forward on, not from its backward.
+
+With several ranks and engine.grad_sync=during_backward (training/grad_allreduce.py `grad_sync_choice`),
+`ReduceAsWritten` starts the all-reduce of each GEMM-written fp32 gradient as soon as the last
+micro-batch's GEMM has written it (kernels/wgrad.py calls its hook), overlapping the rest of the backward.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+import collections
+import contextlib
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn as nn
+
+from training.config import Config
+from training.distributed import DistInfo
+from training.grad_allreduce import all_reduce_grads, grad_sync_choice
+
+
+def weight_cache_choice(cfg: Config, dist: DistInfo, amp_dtype) -> tuple:
+    """(use the low-precision weight cache?, why) for the plain torch engine."""
+    if cfg.engine.weight_cache == "disabled":
+        return False, "engine.weight_cache=disabled"
+    if amp_dtype is None:
+        return False, "no autocast (fp32 run): nothing to cast"
+    if dist.enabled and grad_sync_choice(cfg, dist, amp_dtype)[0] == "ddp":
+        # DDP's hooks sit on the parameters' AccumulateGrad, which the cache's copies bypass
+        return False, "engine.grad_sync=ddp: DDP reduces the gradients from the fp32 parameters' own hooks"
+    return True, f"matmul weights cast to {str(amp_dtype).split('.')[-1]} once per optimizer step"
+
+
+def wgrad_fp32_choice(cfg: Config, device: torch.device) -> tuple:
+    """(weight-gradient GEMMs accumulate into the fp32 .grad?, why), given that the weight cache is on."""
+    choice = cfg.engine.wgrad_fp32
+    if choice != "auto":
+        return choice == "enabled", f"engine.wgrad_fp32={choice}"
+    if device.type != "cuda":
+        return False, f"auto: on {device.type} the bf16 gradients fold as before"
+    import kernels
+
+    if not kernels.is_available():
+        return False, f"auto: our CUDA extension is unavailable ({kernels.unavailable_reason()})"
+    return True, "weight gradients accumulate in fp32 inside their GEMMs (kernels/wgrad.py)"
+
+
+def functional_forward(model: nn.Module):
+    """model(*inputs) with some parameters replaced by the given tensors (the weight cache)."""
+    def run(params, *inputs):
+        return torch.func.functional_call(model, params, inputs)
+    return run
+
+
+class Setup(NamedTuple):
+    """What the plain torch engine runs with; all None when the cache is off (`reducer` may still be
+    set: engine.grad_sync=during_backward then reduces every gradient after the backward)."""
+    cache: Optional["WeightCache"]
+    forward: Optional[Callable]  # forward(cache.tensors(), *inputs) -> loss; compiled with train.compile
+    reducer: Optional["ReduceAsWritten"]  # engine.grad_sync=during_backward
+
+
+def setup(model: nn.Module, cfg: Config, dist: DistInfo, amp_dtype, grad_sync: Optional[str],
+          compile_options: Optional[dict]) -> Setup:
+    """The weight cache of `model` (fp32 parameters, on their device) if `weight_cache_choice` allows
+    it, with fp32 weight-gradient GEMMs if `wgrad_fp32_choice` does, and for
+    grad_sync=during_backward the reducer that sums each GEMM-written fp32 gradient as it is written."""
+    cache = forward = reducer = None
+    if weight_cache_choice(cfg, dist, amp_dtype)[0]:
+        cache = WeightCache(model, amp_dtype, wgrad_fp32_choice(cfg, dist.device)[0])
+        forward = functional_forward(model)
+        if cfg.train.compile:
+            forward = torch.compile(forward, options=compile_options)
+    if grad_sync == "during_backward":  # the weights whose fp32 gradient a GEMM writes, once each
+        written = [m for _, m in cache.accumulated] if cache is not None else []
+        times = collections.Counter(id(m) for m in written)  # the tied weight has two writers: not early
+        reducer = ReduceAsWritten(m for m in written if times[id(m)] == 1)
+    return Setup(cache, forward, reducer)
 
 
 def cacheable_parameters(model: nn.Module) -> List[Tuple[str, nn.Parameter]]:
@@ -157,3 +237,52 @@ def _owner_counts(model: nn.Module) -> Dict[int, int]:
         for p in module.parameters(recurse=False):
             owners[id(p)] = owners.get(id(p), 0) + 1
     return owners
+
+
+class ReduceAsWritten:
+    """engine.grad_sync=during_backward: in the last micro-batch, each fp32 weight gradient that a
+    weight-gradient GEMM writes (kernels/wgrad.py, the weight cache's main_grad weights) is all-reduced
+    as soon as that GEMM is queued, so its transfer overlaps the rest of the backward, as DDP's buckets
+    do; `finish()` waits for those and sums the other gradients (biases, norms, the tied embedding / head
+    weight, whose two writers come at both ends of the backward) as `all_reduce_grads` does.
+
+        reducer = ReduceAsWritten(early_params)
+        with reducer.armed():      # after the last micro-batch's forward (its .grad buffers exist)
+            loss.backward()
+        reducer.finish(all_params)
+
+    Every rank's backward writes the same gradients in the same order (one model, one graph), so the
+    collectives match across ranks. A gradient written by a copy rather than in place (a compiled graph
+    that did not reinplace the op) is not recognised and simply waits for `finish()`.
+    """
+
+    def __init__(self, early_params: Iterable[torch.nn.Parameter]):
+        self.early = list(early_params)
+        self._by_ptr, self._works, self._reduced = {}, [], set()
+
+    def _written(self, main_grad: torch.Tensor) -> None:
+        p = self._by_ptr.pop(main_grad.data_ptr(), None)
+        if p is not None:  # its last write in this accumulation: sum it while the backward goes on
+            self._works.append(torch.distributed.all_reduce(p.grad, op=torch.distributed.ReduceOp.SUM, async_op=True))
+            self._reduced.add(id(p))
+
+    @contextlib.contextmanager
+    def armed(self):
+        from kernels.wgrad import set_written_hook
+
+        self._by_ptr = {p.grad.data_ptr(): p for p in self.early if p.grad is not None}
+        self._works, self._reduced = [], set()
+        set_written_hook(self._written)
+        try:
+            yield self
+        finally:
+            set_written_hook(None)
+
+    @torch.no_grad()
+    def finish(self, params: Iterable[torch.nn.Parameter]) -> int:
+        """Wait for the early all-reduces, then sum the rest; returns how many went early."""
+        for work in self._works:
+            work.wait()
+        all_reduce_grads(p for p in params if id(p) not in self._reduced)
+        early, self._works, self._by_ptr = len(self._reduced), [], {}
+        return early

@@ -55,7 +55,7 @@ def test_rank_stuck_in_python_ends_the_job_with_both_stacks(work, cache_dir, ste
     code = launch.finish(time.monotonic() + ft.TIMEOUT)
     log = launch.tail(60000)
     assert code != 0 and log.count("exitcode  : 4") == 2, log
-    assert "Python stacks of rank 0" in log and "Python stacks of rank 1" in log and "in maybe_hang" in log, log
+    assert "Python stacks of rank 0" in log and "Python stacks of rank 1" in log and "in hang_forever" in log, log
     line = next(x for x in log.splitlines() if x.startswith("hang: no progress for "))
     assert log.count("hang: no progress for ") == 1, log
     assert "rank 1 (pid " in line and "is behind: it finished step 4 and 0 micro-batch(es) of the next, " \

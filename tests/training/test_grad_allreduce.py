@@ -11,8 +11,8 @@ from train_runner import free_port, losses, run
 
 from training.config import load_config
 from training.distributed import DistInfo
-from training.engine import grad_sync_choice, weight_cache_choice
-from training.grad_allreduce import all_reduce_grads
+from training.grad_allreduce import all_reduce_grads, grad_sync_choice
+from training.weight_cache import weight_cache_choice
 
 SHAPES = [(37, 11), (300,), (5, 7, 3), (129, 65), (1,)]  # odd sizes; small_numel=64 below splits them
 

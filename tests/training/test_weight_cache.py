@@ -9,8 +9,9 @@ import torch
 from model.gpt import GPT
 from training.config import ConfigError, load_config
 from training.distributed import DistInfo
-from training.engine import TorchEngine, weight_cache_choice, wgrad_fp32_choice
-from training.weight_cache import WeightCache, cacheable_parameters
+from training.engine import TorchEngine
+from training.weight_cache import (WeightCache, cacheable_parameters, setup, weight_cache_choice,
+                                   wgrad_fp32_choice)
 
 SMALL = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.vocab_size=320", "model.seq_len=24",
          "data.tokenizer_vocab_size=320", "train.dtype=bf16", "train.global_batch_size=6", "train.micro_batch_size=2", "train.max_steps=10",
@@ -203,3 +204,20 @@ def test_fp32_weight_gradients_follow_a_replaced_grad():
     for name, p in on.model.named_parameters():
         scale = float(ref[name].grad.abs().max())
         torch.testing.assert_close(p.grad, ref[name].grad, rtol=0, atol=2e-2 * scale, msg=name)
+
+
+def test_setup_is_the_engines_one_entry():
+    """weight_cache.setup decides and wires the feature: nothing for an fp32 run; the cache and its
+    forward under bf16; for grad_sync=during_backward a reducer whose early gradients are the
+    GEMM-written fp32 ones, each written once (the tied embedding / head weight has two writers)."""
+    cfg = small_cfg("engine.wgrad_fp32=enabled")
+    model = GPT(cfg.model)
+    assert setup(model, cfg, DistInfo(), None, None, None) == (None, None, None)
+    cache, forward, reducer = setup(model, cfg, DistInfo(), torch.bfloat16, None, None)
+    assert isinstance(cache, WeightCache) and callable(forward) and reducer is None
+    cache, _, reducer = setup(model, cfg, DistInfo(), torch.bfloat16, "during_backward", None)
+    tied = model.lm_head.weight
+    assert [n for n, _ in cache.accumulated][0] == "wte.main_grad"
+    assert len(reducer.early) == len(cache.accumulated) - 2 and all(p is not tied for p in reducer.early)
+    _, _, reducer = setup(model, cfg, DistInfo(), None, "during_backward", None)
+    assert reducer.early == []  # no cache: every gradient is summed after the backward
