@@ -33,13 +33,13 @@ warm-up). Our trainer's figure is its own log's (host clocks at logging points, 
 same steps are also timed with CUDA events recorded as each step ends, and the table's "log vs CUDA
 events" column is the log's throughput relative to theirs (they should agree within 2%). "ratio vs best plain"
 divides by the fastest plain setup of the run. One more step of each setup (unless --no-profile) runs under torch.profiler for the
-attention share of GPU kernel time (training/profiling.py), outside the timed steps, and its summed
+attention share of GPU kernel time (training/telemetry/profiling.py), outside the timed steps, and its summed
 kernel time over the median step time is the "GPU busy" column: 100% minus it bounds what removing launch gaps (CUDA
 graphs) could give. Model TFLOP/s per the paper: (6·N + 12·L·d·s) FLOPs per token; causal-aware: 6·N + 6·L·d·s.
-Every compiled setup, ours and plain, compiles with training/inductor_barrier.py's fix installed (a
+Every compiled setup, ours and plain, compiles with training/compile/inductor_barrier.py's fix installed (a
 race in inductor's LayerNorm kernels makes compiled steps wrong without it), so all measure correct
 programs, and with the config's train.compile_options (TorchInductor settings) and
-train.compile_persistent_rows (training/persistent_rows.py), plain ones too.
+train.compile_persistent_rows (training/compile/persistent_rows.py), plain ones too.
 """
 from __future__ import annotations
 
@@ -61,12 +61,12 @@ from training.allocator import expandable_segments_by_default  # noqa: E402
 expandable_segments_by_default()  # every setup, ours and plain, with the launcher's allocator setting
 
 from model.gpt import GPT  # noqa: E402
-from training.compile_options import prepare_compile  # noqa: E402
+from training.compile.options import prepare_compile  # noqa: E402
 from training.config import load_config  # noqa: E402
-from training.gpu_telemetry import GpuTelemetry  # noqa: E402
-from training.inductor_barrier import install as install_inductor_barrier  # noqa: E402
-from training.metrics import measure_gemm_ceiling, peak_flops  # noqa: E402
-from training.profiling import profile_call  # noqa: E402
+from training.telemetry.gpu import GpuTelemetry  # noqa: E402
+from training.compile.inductor_barrier import install as install_inductor_barrier  # noqa: E402
+from training.telemetry.metrics import measure_gemm_ceiling, peak_flops  # noqa: E402
+from training.telemetry.profiling import profile_call  # noqa: E402
 
 SDPA = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 
@@ -173,7 +173,7 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
              for k in ("gpu_sm_clock_mhz", "gpu_power_w", "gpu_j_per_token", "gpu_power_capped", "gpu_thermal_capped")
              if any(k in r for r in timed)}
     # A step's record is written once its values have reached the host, which is at the next step's
-    # per-step sync (training/metrics.py DeferredScalars): record k's time ~ the end of step k + 1.
+    # per-step sync (training/telemetry/metrics.py DeferredScalars): record k's time ~ the end of step k + 1.
     step_s = statistics.median(times)
     # the same steps timed on the GPU: CUDA events at the end of each step (host clocks read nothing)
     event_times = [ends[k - 1].elapsed_time(ends[k]) / 1e3 for k in range(warmup + 1, last)
@@ -187,7 +187,7 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
 def step_end_events(trainer) -> dict:
     """Record a CUDA event as each of `trainer`'s optimizer steps ends (its last kernel queued), keyed
     by the step number it completes (1 = the first). The log's step time comes from host clocks at
-    logging points (training/metrics.py); the events time the same steps on the device, so the two
+    logging points (training/telemetry/metrics.py); the events time the same steps on the device, so the two
     figures check each other. Recording an event does not synchronise."""
     ends = {}
     step_once = trainer.train_step

@@ -6,7 +6,7 @@ its loss curve (metrics.jsonl, loss per step) with an uninterrupted run's, bit f
 
 Kills (one or two per trial):
     hook ckpt_write:S:R   rank R SIGKILLs the job inside the checkpoint save of step S, after the
-                          engine files are written (training/faults.py, FLASHGPT_FAULT)
+                          engine files are written (training/resilience/faults.py, FLASHGPT_FAULT)
     hook ckpt_commit:S:R  ... after the checkpoint folder is renamed in, before `latest` is rewritten
     hook step:S:R         ... mid-step S, after backward, before the optimizer update
     time K D              from outside, D seconds after the K-th step's metrics appear

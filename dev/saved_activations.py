@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from model.config import GPTConfig  # noqa: E402
 from model.gpt import GPT  # noqa: E402
-from training.weight_cache import WeightCache, functional_forward  # noqa: E402
+from training.engines.weight_cache import WeightCache, functional_forward  # noqa: E402
 
 
 def saved_for_backward(model: GPT, batch: int, budget: float, device: str) -> list[tuple]:

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "bench")]  # our packages; the kernel sweep
 
 from kernel_sweep import impls  # noqa: E402
-from training.gpu_telemetry import GpuTelemetry  # noqa: E402
+from training.telemetry.gpu import GpuTelemetry  # noqa: E402
 
 
 def run_turn(fb, gemm, seconds: float, telemetry) -> dict:

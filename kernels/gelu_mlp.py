@@ -20,7 +20,7 @@ dev/saved_activations.py), and the backward's GELU pass, which reads pre anyway,
 w2's gradient (one more (M, h) write; model.recompute_gelu, for a micro-batch that fits only so). The
 rebuilt g is gelu_tanh(pre) of the rounded pre, where the forward's epilogue rounded gelu_tanh of the
 fp32 product: they differ by about one rounding of g, as a plain MLP recomputing its GELU would.
-Given fp32 gradient buffers (main_grad1 / main_grad2, the fp32 weights' .grad: training/weight_cache.py),
+Given fp32 gradient buffers (main_grad1 / main_grad2, the fp32 weights' .grad: training/engines/weight_cache.py),
 the backward adds the weight gradients into them inside their GEMMs (kernels/wgrad.py) and returns none
 for w1 / w2.
 

@@ -1,7 +1,7 @@
 """Weight gradients added straight into an fp32 gradient buffer by the GEMM (beta = 1). The kernel layer
-only: when the trainer uses it, and the wiring, are owned by training/weight_cache.py.
+only: when the trainer uses it, and the wiring, are owned by training/engines/weight_cache.py.
 
-With low-precision copies of the weights (training/weight_cache.py) a Linear layer's weight gradient
+With low-precision copies of the weights (training/engines/weight_cache.py) a Linear layer's weight gradient
 comes out of its GEMM in bf16 (2 bytes per parameter written), and a second kernel adds it into the
 fp32 parameter's .grad (2 + 4 read, 4 written): per micro-batch ~12 bytes of memory traffic per
 parameter. Here the weight-gradient GEMM itself reads the fp32 buffer in its epilogue and writes the
@@ -51,7 +51,7 @@ _written_hook: Optional[Callable[[Tensor], None]] = None  # see set_written_hook
 def set_written_hook(hook: Optional[Callable[[Tensor], None]]) -> None:
     """Call hook(main_grad) after each accumulation has been queued (None: no call). The trainer's
     engine.grad_sync=during_backward uses it to start a gradient's all-reduce while the rest of the
-    backward runs (training/weight_cache.py `ReduceAsWritten`); it is called at run time also inside
+    backward runs (training/engines/weight_cache.py `ReduceAsWritten`); it is called at run time also inside
     compiled graphs, which call this op as an opaque kernel."""
     global _written_hook
     _written_hook = hook

@@ -23,15 +23,15 @@ expandable_segments_by_default()  # before anything touches CUDA
 import torch  # noqa: E402
 
 from data.sources import DataError  # noqa: E402
-from training.checkpoint import CheckpointError  # noqa: E402
+from training.resilience.checkpoint import CheckpointError  # noqa: E402
 from training.config import ConfigError, load_config, validate  # noqa: E402
 from training.distributed import Rank0Failed, all_reached, init_distributed  # noqa: E402
-from training.out_of_memory import explain as explain_oom  # noqa: E402
+from training.resilience.out_of_memory import explain as explain_oom  # noqa: E402
 from training.trainer import NonFiniteError, Trainer  # noqa: E402
 
 # Known errors end the run with one line on stderr and this exit code, no traceback (README
 # "Errors and what to do"); anything else is a bug and keeps its traceback. Exit code 4 is the hang
-# watchdog's (training/watchdog.py).
+# watchdog's (training/resilience/watchdog.py).
 KNOWN_ERRORS = ((ConfigError, "config error", 2), (DataError, "data error", 2),
                 (CheckpointError, "checkpoint error", 2), (Rank0Failed, "error", 2),
                 (NonFiniteError, "training stopped", 3))

@@ -97,7 +97,7 @@ class CausalSelfAttention(nn.Module):
         kv_dim = self.n_kv_head * self.head_dim
         # model/linear.py's Linear: nn.Linear with a main_grad slot, so that with the weight cache the
         # weight-gradient GEMMs add into the fp32 .grad (kernels/wgrad.py). Compiled, this relies on
-        # training/inductor_barrier.py's work-around for inductor's LayerNorm-kernel race.
+        # training/compile/inductor_barrier.py's work-around for inductor's LayerNorm-kernel race.
         self.qkv = Linear(cfg.d_model, cfg.d_model + 2 * kv_dim, bias=cfg.bias)
         self.proj = Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.proj.is_residual_out = True  # scaled init (GPT-2)
@@ -105,7 +105,7 @@ class CausalSelfAttention(nn.Module):
         self.backend = backend
         self.rotary = cfg.pos_emb == "rope"
         # our kernel's backward adds dQ in a fixed order (bit-repeatable, slower); set from outside
-        # (training/determinism.py) for train.deterministic
+        # (training/resilience/determinism.py) for train.deterministic
         self.deterministic = False
 
     def forward(self, x: torch.Tensor, rope_cache=None, cu_seqlens=None, max_seqlen=None):

@@ -31,7 +31,7 @@ class LMHead(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__(in_features, out_features, bias=bias)
-        # Set from outside (training/weight_cache.py, through functional_call), None by default:
+        # Set from outside (training/engines/weight_cache.py, through functional_call), None by default:
         # the (tied) weight's fp32 gradient buffer and its copy in the compute dtype.
         self.register_buffer("main_grad", None, persistent=False)
         self.register_buffer("weight_lp", None, persistent=False)

@@ -1,9 +1,9 @@
 """nn.Linear with an optional fp32 gradient buffer its weight gradient is added into: the model's slot of
-the fp32 weight-gradient feature, which training/weight_cache.py owns (it fills the slot).
+the fp32 weight-gradient feature, which training/engines/weight_cache.py owns (it fills the slot).
 
 `main_grad` is a non-persistent buffer, None by default: then this is nn.Linear. The trainer sets it
 from outside, through `torch.func.functional_call`, to the fp32 weight's .grad when the model runs on
-bf16 copies of its weights (training/weight_cache.py); the backward's weight-gradient GEMM then adds
+bf16 copies of its weights (training/engines/weight_cache.py); the backward's weight-gradient GEMM then adds
 its fp32 result straight into that buffer (kernels/wgrad.py) instead of returning a bf16 gradient for
 a second kernel to add. Checkpoints and the module's parameters do not change. Used by every
 projection of a block: attention's qkv / proj and the MLP's fc / proj.

@@ -75,7 +75,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
 
 def _matmul_weight(weight: torch.Tensor, weight_lp, dtype: torch.dtype) -> torch.Tensor:
     """The head weight in the compute dtype: the weight cache's copy when it has one (cast once per
-    optimizer step, training/weight_cache.py), else a cast of the fp32 weight."""
+    optimizer step, training/engines/weight_cache.py), else a cast of the fp32 weight."""
     if weight_lp is not None and weight_lp.dtype == dtype:
         return weight_lp
     return weight.to(dtype)

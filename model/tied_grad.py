@@ -5,7 +5,7 @@ per micro-batch the fused loss returns the head's (V, d) fp32 gradient, the embe
 a dense (V, d) fp32 gradient (zero-filled, then its rows added), autograd sums the two and
 AccumulateGrad adds the sum into .grad: about four passes over 0.5 GB at 2.7B (V 50304 x d 2560),
 ~1.4 ms per micro-batch on an H100 (bench/RESULTS.md). With `main_grad` -- the fp32
-weight's .grad, handed in by the weight cache like the projections' buffers (training/weight_cache.py)
+weight's .grad, handed in by the weight cache like the projections' buffers (training/engines/weight_cache.py)
 -- the head's backward adds grad_weight * grad_loss into it in one pass and the embedding's backward
 adds its rows with index_add: no dense gradient, no sum, no AccumulateGrad. The weight itself then
 gets no gradient from autograd (its .grad is the buffer).

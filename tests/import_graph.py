@@ -1,7 +1,7 @@
 """The repository's import graph, read from the source with `ast` (every import statement, also those
 inside functions), so no GPU, no build and no optional dependency is needed to check the layout.
 
-Modules are named as Python imports them ("training.engine", "kernels" for kernels/__init__.py); an edge
+Modules are named as Python imports them ("training.engines.replicas", "kernels" for kernels/__init__.py); an edge
 a -> b means a module of the walked packages names b in an import statement."""
 import ast
 from pathlib import Path

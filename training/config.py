@@ -63,7 +63,7 @@ class EngineConfig:
     bucket_mb: int = 200  # DeepSpeed ZeRO / DDP: gradient bucket size, MB
     backend: str = "auto"  # process-group backend: auto (nccl on CUDA, gloo on CPU) | nccl | gloo
     # torch engine with autocast, one process or engine.grad_sync=after/during_backward: cast the matmul weights
-    # to bf16 once per optimizer step, not once per micro-batch (training/weight_cache.py) | disabled
+    # to bf16 once per optimizer step, not once per micro-batch (training/engines/weight_cache.py) | disabled
     weight_cache: str = "auto"
     # with the weight cache: the weight-gradient GEMMs add their fp32 result straight into the fp32
     # .grad (kernels/wgrad.py) instead of writing a bf16 gradient for a second kernel to add | auto (on
@@ -71,7 +71,7 @@ class EngineConfig:
     wgrad_fp32: str = "auto"
     # torch engine on several ranks (engine.parallel=ddp): how gradients are averaged | ddp (torch DDP,
     # reduced during the backward; no weight cache) | after_backward (summed after the last micro-batch:
-    # the weight cache and fp32 weight gradients stay on; training/grad_allreduce.py) | during_backward
+    # the weight cache and fp32 weight gradients stay on; training/engines/grad_allreduce.py) | during_backward
     # (as after_backward, but each fp32 weight gradient's all-reduce starts as soon as its GEMM wrote it
     # in the last micro-batch: +0.9% per GPU on 2 H100s, bench/RESULTS.md) | auto
     # (during_backward on one node when the weight cache applies, else ddp)
@@ -111,16 +111,16 @@ class TrainConfig:
     overwrite: bool = False
     # seconds without a finished step, evaluation or checkpoint save before every rank dumps its Python
     # stack and the job ends (exit 4) naming the stuck rank; the first step of a session gets 4x (it
-    # includes torch.compile and communicator set-up); several ranks only (training/watchdog.py); 0 = never
+    # includes torch.compile and communicator set-up); several ranks only (training/resilience/watchdog.py); 0 = never
     hang_timeout_s: float = 300.0
     # bit-identical GPU runs: our deterministic attention backward, torch's deterministic algorithms,
     # a fixed cuBLAS workspace (costs throughput; bench/RESULTS.md)
     deterministic: bool = False
     compile: bool = False  # torch.compile the model (per block under FSDP2; DeepSpeed's engine.compile)
-    # TorchInductor settings for that compile, by torch/_inductor/config.py's names (training/compile_options.py)
+    # TorchInductor settings for that compile, by torch/_inductor/config.py's names (training/compile/options.py)
     compile_options: Dict[str, Any] = field(default_factory=dict)
     # Row reductions (the LayerNorm forward) up to this many elements kept in registers by the compile
-    # (training/persistent_rows.py; inductor's own limit is 1024); 0 = inductor decides
+    # (training/compile/persistent_rows.py; inductor's own limit is 1024); 0 = inductor decides
     compile_persistent_rows: int = 0
     stop_after: Optional[int] = None  # leave after this many steps this session (tests, pre-emption drills)
     # A non-finite loss or gradient norm, caught before the optimizer step: skip (drop that update, keep

@@ -17,7 +17,7 @@ import torch.distributed as dist
 # Collectives' timeout. Kept at torch's 30 minutes, not shortened: a collective cannot tell a stopped
 # rank from a legitimately long wait (rank 0 writing a checkpoint alone, a first torch.compile, a
 # big corpus being tokenized) and its timeout aborts without naming the rank or showing stacks. The
-# hang watchdog (training/watchdog.py, train.hang_timeout_s=300 s, 4x that for a session's first step)
+# hang watchdog (training/resilience/watchdog.py, train.hang_timeout_s=300 s, 4x that for a session's first step)
 # ends a hung job first and says which rank stopped; this timeout is the backstop when it is off.
 PG_TIMEOUT = datetime.timedelta(minutes=30)
 
@@ -133,7 +133,7 @@ def all_reached(what: str, world_size: int, wait_s: float = 30.0) -> bool:
 
 def stop_group(info: DistInfo):
     """A gloo group of all ranks for the stop flag all-reduced at every micro-batch boundary: a CPU
-    tensor, so no device sync (training/signals.py). None in a single process. Collective: every rank
+    tensor, so no device sync (training/resilience/signals.py). None in a single process. Collective: every rank
     calls it at the same point."""
     if not info.enabled:
         return None

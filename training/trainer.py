@@ -4,7 +4,7 @@ metrics. Everything it drives is built by `Trainer.build` from one resolved Conf
 Reliability (README "Errors and what to do"): a non-finite loss or gradient norm is caught before the
 optimizer step (train.nonfinite=skip|stop); SIGTERM/SIGINT stop every rank at the same micro-batch
 boundary with the checkpoint of the last finished step; a rank that stops making progress ends the job
-(training/watchdog.py); auto-resume falls back past damaged checkpoints (training/checkpoint.py)."""
+(training/resilience/watchdog.py); auto-resume falls back past damaged checkpoints (training/resilience/checkpoint.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,22 +18,22 @@ from data.loader import PackedLoader
 from data.prepare import prepare
 from model.config import GPTConfig
 from model.gpt import GPT
-from training import faults
-from training.checkpoint import (CheckpointError, Checkpointer, IncompatibleCheckpoint, on_main, rng_state,
+from training.resilience import faults
+from training.resilience.checkpoint import (CheckpointError, Checkpointer, IncompatibleCheckpoint, on_main, rng_state,
                                  set_rng_state)
 from training.config import Config, grad_accum_steps, save_resolved, to_dict, zero3_partitions_modules
-from training.determinism import make_deterministic
+from training.resilience.determinism import make_deterministic
 from training.distributed import DistInfo, control_store, rank0_first, stop_group
-from training.engine import TorchEngine
-from training.engine_base import autocast_dtype
-from training.engine_factory import build_engine
-from training.logging import RunLogger
-from training.gpu_telemetry import GpuTelemetry
-from training.metrics import DeferredScalars, ThroughputMeter, memory_stats, peak_flops
-from training.profiling import profile_call
-from training.run_folder import RunLock, move_aside
-from training.signals import StopSignal
-from training.watchdog import HangWatchdog
+from training.engines.replicas import TorchEngine
+from training.engines.base import autocast_dtype
+from training.engines.factory import build_engine
+from training.telemetry.logging import RunLogger
+from training.telemetry.gpu import GpuTelemetry
+from training.telemetry.metrics import DeferredScalars, ThroughputMeter, memory_stats, peak_flops
+from training.telemetry.profiling import profile_call
+from training.resilience.run_folder import RunLock, move_aside
+from training.resilience.signals import StopSignal
+from training.resilience.watchdog import HangWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -397,7 +397,7 @@ class Trainer:
                 f"micro-batches; it reruns on resume)" if abandoned and self.abandoned_after else "")
         return f"{why} received: stopped at step {self.step} {where}{part}; rerun the same command to resume"
 
-    # --- hang watchdog (training/watchdog.py) --------------------------------------------------------
+    # --- hang watchdog (training/resilience/watchdog.py) --------------------------------------------------------
     def _watchdog(self) -> Optional[HangWatchdog]:
         t = self.cfg.train
         if not self.dist.enabled or t.hang_timeout_s <= 0:

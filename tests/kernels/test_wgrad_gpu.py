@@ -148,7 +148,7 @@ def test_trainer_step_with_fp32_weight_gradients_matches_the_fold(compile, mlp):
     from model.gpt import GPT
     from training.config import load_config
     from training.distributed import DistInfo
-    from training.engine import TorchEngine
+    from training.engines.replicas import TorchEngine
 
     def engine(*extra):
         cfg = load_config("tiny_cpu.yaml", ["model.n_layer=2", "model.d_model=256", "model.n_head=2",

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from training.checkpoint import CheckpointError
+from training.resilience.checkpoint import CheckpointError
 from training.config import load_config
 from training.distributed import DistInfo
 from training.trainer import Trainer

@@ -1,9 +1,9 @@
-"""The test-only fault hook (training/faults.py): FLASHGPT_FAULT's spellings map to places, `reach` runs
+"""The test-only fault hook (training/resilience/faults.py): FLASHGPT_FAULT's spellings map to places, `reach` runs
 the point's action only at its place, step and rank, and does nothing when the variable is unset."""
 import pytest
 import torch
 
-from training import faults
+from training.resilience import faults
 
 
 def test_parse_maps_points_to_places_and_rank_defaults_to_zero():

@@ -66,7 +66,7 @@ def test_rank_stuck_in_python_ends_the_job_with_both_stacks(work, cache_dir, ste
 def test_message_names_the_silent_rank_else_the_one_behind():
     """The one line: a rank whose heartbeat is stale (its process is stopped) is named first; with every
     process alive, the rank behind in steps; with none behind, what each is doing."""
-    from training.watchdog import HangWatchdog
+    from training.resilience.watchdog import HangWatchdog
 
     dog = HangWatchdog(60, 0, 3, store=None, step=7, rerun_hint=lambda: "Rerun the same command.")
     dog.mark(7, "step 8")

@@ -1,6 +1,6 @@
 """A non-finite loss or gradient norm is caught before the optimizer step: train.nonfinite=skip drops
 that update (counted as skipped_steps; stops after train.max_skipped in a row), =stop raises naming
-the step and the batch's place in the data. NaNs are injected with FLASHGPT_FAULT (training/faults.py)."""
+the step and the batch's place in the data. NaNs are injected with FLASHGPT_FAULT (training/resilience/faults.py)."""
 import json
 import math
 

@@ -1,6 +1,6 @@
 """Out of GPU memory: one line naming what filled the GPU and the settings that would fit the run,
-exit 2, the last checkpoint intact and resumable (training/out_of_memory.py). The error is injected
-with FLASHGPT_FAULT=oom:<step> (training/faults.py), the exception a full GPU raises, so this runs on
+exit 2, the last checkpoint intact and resumable (training/resilience/out_of_memory.py). The error is injected
+with FLASHGPT_FAULT=oom:<step> (training/resilience/faults.py), the exception a full GPU raises, so this runs on
 a CPU."""
 import subprocess
 import sys
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.checkpoint import verify
+from training.resilience.checkpoint import verify
 from training.config import load_config
-from training.out_of_memory import explain, memory_options
+from training.resilience.out_of_memory import explain, memory_options
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from training.manifest import write_manifest
-from training.run_folder import RunLock
-from training.wandb_history import logged_steps
+from training.resilience.manifest import write_manifest
+from training.resilience.run_folder import RunLock
+from training.telemetry.wandb_history import logged_steps
 
 import fault_trials as ft  # bench/fault_trials.py (conftest puts bench/ on the path)
 

@@ -133,7 +133,7 @@ def test_sigterm_mid_step_commits_within_a_micro_batch_and_resumes_exactly(work,
 def test_second_signal_never_aborts_a_multi_rank_stop():
     """A second SIGINT raises KeyboardInterrupt in a single process (abort now), but with several ranks
     it is ignored: a rank leaving alone mid-save would leave the others waiting in a collective."""
-    from training.signals import StopSignal
+    from training.resilience.signals import StopSignal
 
     alone = StopSignal()
     alone._handle(signal.SIGTERM, None)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.checkpoint import CheckpointError, Checkpointer, rng_state, set_rng_state
+from training.resilience.checkpoint import CheckpointError, Checkpointer, rng_state, set_rng_state
 from training.config import load_config, to_dict
 from training.distributed import DistInfo
 from training.trainer import check_compatible
@@ -94,8 +94,8 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 
-import training.checkpoint as ckmod  # noqa: E402
-from training.checkpoint import CheckpointError, verify  # noqa: E402
+import training.resilience.checkpoint as ckmod  # noqa: E402
+from training.resilience.checkpoint import CheckpointError, verify  # noqa: E402
 
 
 class ShardedEngine(FakeEngine):

@@ -1,4 +1,4 @@
-"""train.compile_options (training/compile_options.py): the config's TorchInductor settings reach every
+"""train.compile_options (training/compile/options.py): the config's TorchInductor settings reach every
 torch.compile of the model, by their dotted names, and a wrong name or value is one clear error."""
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from model.gpt import GPT
-from training.compile_options import inductor_options
+from training.compile.options import inductor_options
 from training.config import ConfigError, load_config
 from training.distributed import DistInfo
-from training.engine import TorchEngine
+from training.engines.replicas import TorchEngine
 
 TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.vocab_size=64", "model.seq_len=8",
         "data.tokenizer_vocab_size=64", "train.global_batch_size=2", "train.micro_batch_size=2"]
@@ -54,10 +54,10 @@ def test_the_engine_compiles_with_the_options(monkeypatch):
 
 
 def test_persistent_rows_replace_multi_kernel_in_our_compile(monkeypatch):
-    """train.compile_persistent_rows installs training/persistent_rows.py's rule (process-wide; 0 turns
+    """train.compile_persistent_rows installs training/compile/persistent_rows.py's rule (process-wide; 0 turns
     it off again) and the compile then runs without triton.multi_kernel; without it the config's options
     pass unchanged."""
-    from training import persistent_rows
+    from training.compile import persistent_rows
 
     calls = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(kw) or fn)
@@ -69,7 +69,7 @@ def test_persistent_rows_replace_multi_kernel_in_our_compile(monkeypatch):
     assert persistent_rows.current_limit() == 4096
     from torch._inductor.choices import InductorChoices
 
-    assert InductorChoices.should_use_persistent_reduction.__module__ == "training.persistent_rows"
+    assert InductorChoices.should_use_persistent_reduction.__module__ == "training.compile.persistent_rows"
     persistent_rows.install(0)  # a later compile without the setting: inductor's own choice again
     assert persistent_rows.current_limit() == 0
     calls.clear()

@@ -8,7 +8,7 @@ import torch
 from train_runner import REPO, check, env, free_port, losses, run, train_cmd
 
 from training.config import load_config
-from training.deepspeed_config import deepspeed_config
+from training.engines.deepspeed_config import deepspeed_config
 
 ENGINES = {
     "ddp": ["engine.type=torch", "engine.parallel=ddp"],

@@ -1,7 +1,7 @@
 """GpuTelemetry's arithmetic with a scripted NVML reader (CPU), and its absence on a CPU device."""
 import torch
 
-from training.gpu_telemetry import (REASON_HW_THERMAL, REASON_IDLE, REASON_SW_POWER_CAP, GpuTelemetry)
+from training.telemetry.gpu import (REASON_HW_THERMAL, REASON_IDLE, REASON_SW_POWER_CAP, GpuTelemetry)
 
 
 class ScriptedReader:
@@ -31,7 +31,7 @@ def test_mark_averages_busy_samples_and_counts_power_cap(monkeypatch):
                                                                  REASON_SW_POWER_CAP | REASON_HW_THERMAL])
     t = make(reader)
     clock = iter([100.0, 102.0])
-    monkeypatch.setattr("training.gpu_telemetry.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("training.telemetry.gpu.time.perf_counter", lambda: next(clock))
     reader.energy = 5_000_000
     assert t.mark() == {}  # first mark only starts the interval
     for _ in range(4):
@@ -50,7 +50,7 @@ def test_mark_without_busy_samples_reports_power_only(monkeypatch):
     reader = ScriptedReader(clocks=[], reasons=[REASON_IDLE])
     t = make(reader)
     clock = iter([0.0, 4.0])
-    monkeypatch.setattr("training.gpu_telemetry.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("training.telemetry.gpu.time.perf_counter", lambda: next(clock))
     t.mark()
     t.sample()
     reader.energy = 280_000

@@ -1,4 +1,4 @@
-"""engine.grad_sync=after_backward (training/grad_allreduce.py): the gradient sum itself on 2 gloo
+"""engine.grad_sync=after_backward (training/engines/grad_allreduce.py): the gradient sum itself on 2 gloo
 processes, the choice of sync, and 2-rank torchrun runs with the weight cache on (CPU, bf16 autocast)
 against one process and against DDP."""
 import os
@@ -11,8 +11,8 @@ from train_runner import free_port, losses, run
 
 from training.config import load_config
 from training.distributed import DistInfo
-from training.grad_allreduce import all_reduce_grads, grad_sync_choice
-from training.weight_cache import weight_cache_choice
+from training.engines.grad_allreduce import all_reduce_grads, grad_sync_choice
+from training.engines.weight_cache import weight_cache_choice
 
 SHAPES = [(37, 11), (300,), (5, 7, 3), (129, 65), (1,)]  # odd sizes; small_numel=64 below splits them
 

@@ -1,14 +1,14 @@
-"""training/inductor_barrier.py: the source rewrite (a barrier before each load of a pointer the kernel
+"""training/compile/inductor_barrier.py: the source rewrite (a barrier before each load of a pointer the kernel
 stored earlier, nothing else changed) and the hook on inductor's Triton compile call. CPU-only: the
 rewrite is text; the GPU effect is tests/training/test_inductor_barrier_gpu.py's."""
 from __future__ import annotations
 
 import textwrap
 
-from training import inductor_barrier
-from training.inductor_barrier import BARRIER, add_reload_barriers
+from training.compile import inductor_barrier
+from training.compile.inductor_barrier import BARRIER, add_reload_barriers
 
-# The shape of the kernel that races (training/inductor_barrier.py): a loop stores the normalised row,
+# The shape of the kernel that races (training/compile/inductor_barrier.py): a loop stores the normalised row,
 # a later loop loads it back; other loads and a store-only pointer are left alone.
 KERNEL = textwrap.dedent('''\
     def triton_red_fused_layer_norm_1(in_ptr0, in_ptr1, out_ptr2, out_ptr3, xnumel, r0_numel):

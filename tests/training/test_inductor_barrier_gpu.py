@@ -1,5 +1,5 @@
 """The compiled training step on CUDA against eager, at the width where inductor's LayerNorm kernels
-race (training/inductor_barrier.py; without the fix a 2-layer GPT at width 2048 gives a different
+race (training/compile/inductor_barrier.py; without the fix a 2-layer GPT at width 2048 gives a different
 loss on each compiled call with the same weights, 6.519 / 6.572 vs eager's 6.595, gradients 80% off).
 With the fix installed by the engine: each compiled call gives the same loss, eager's loss within
 bf16's rounding, and eager's gradients within bf16's rounding. Skipped without CUDA."""
@@ -19,7 +19,7 @@ def engine(compile: bool, width: int):
     from model.gpt import GPT
     from training.config import load_config
     from training.distributed import DistInfo
-    from training.engine import TorchEngine
+    from training.engines.replicas import TorchEngine
 
     cfg = load_config("tiny_cpu.yaml", [
         "model.n_layer=2", f"model.d_model={width}", f"model.n_head={width // 128}", "model.vocab_size=512",
@@ -42,7 +42,7 @@ def losses_and_grads(e, calls: int = 2):
 
 @pytest.mark.parametrize("width", [2048, 2560])
 def test_compiled_step_is_repeatable_and_matches_eager(width):
-    from training import inductor_barrier
+    from training.compile import inductor_barrier
 
     compiled = engine(True, width)
     assert inductor_barrier._installed  # the engine installed the fix before compiling

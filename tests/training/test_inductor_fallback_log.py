@@ -1,12 +1,12 @@
-"""training/inductor_fallback_log.py: inductor's missing-lowering message must not stringify IR nodes
+"""training/compile/inductor_fallback_log.py: inductor's missing-lowering message must not stringify IR nodes
 (their text grows exponentially with the depth of a DAG of extern kernels: a compile that never ends)."""
 import logging
 
 import pytest
 import torch
 
-from training import inductor_fallback_log
-from training.inductor_fallback_log import bounded_operator_str, describe
+from training.compile import inductor_fallback_log
+from training.compile.inductor_fallback_log import bounded_operator_str, describe
 
 
 class NoStr:

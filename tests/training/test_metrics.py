@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from model.config import GPTConfig
-from training import metrics
-from training.metrics import (DeferredScalars, ThroughputMeter, format_mfu, measure_gemm_ceiling,
+from training.telemetry import metrics
+from training.telemetry.metrics import (DeferredScalars, ThroughputMeter, format_mfu, measure_gemm_ceiling,
                               memory_stats, peak_flops)
 
 

@@ -94,7 +94,7 @@ def test_engine_with_fused_adamw_trains_like_torch_clip():
     parameters as with torch's clip pass, and no grad_scale left on the optimizer after a step."""
     from training.config import load_config
     from training.distributed import DistInfo
-    from training.engine import TorchEngine
+    from training.engines.replicas import TorchEngine
 
     cfg = load_config("tiny_cpu.yaml", ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.vocab_size=96",
                                         "model.seq_len=16", "data.tokenizer_vocab_size=96", "optim.fused=true",

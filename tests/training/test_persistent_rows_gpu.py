@@ -1,4 +1,4 @@
-"""training/persistent_rows.py on CUDA: with the rule a compiled LayerNorm over a 2560-wide row is one
+"""training/compile/persistent_rows.py on CUDA: with the rule a compiled LayerNorm over a 2560-wide row is one
 persistent kernel (its name starts triton_per_) and gives eager's result; with the rule off inductor
 loops over the row (triton_red_). Skipped without CUDA."""
 import pytest
@@ -10,7 +10,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from training import persistent_rows  # noqa: E402
+from training.compile import persistent_rows  # noqa: E402
 
 
 def layer_norm_kernels(width):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from train_runner import losses, run
 
-from training.profiling import classify, time_shares, top_kernels
+from training.telemetry.profiling import classify, time_shares, top_kernels
 
 
 @pytest.mark.parametrize("name, cls", [

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-import training.checkpoint as ckmod
-from training.checkpoint import CheckpointError, Checkpointer, IncompatibleCheckpoint, rng_state, set_rng_state
+import training.resilience.checkpoint as ckmod
+from training.resilience.checkpoint import CheckpointError, Checkpointer, IncompatibleCheckpoint, rng_state, set_rng_state
 from training.distributed import DistInfo
-from training.manifest import verify, write_manifest
-from training.run_folder import RunFolderBusy, RunLock, move_aside
+from training.resilience.manifest import verify, write_manifest
+from training.resilience.run_folder import RunFolderBusy, RunLock, move_aside
 
 
 class FakeEngine:
@@ -242,7 +242,7 @@ def test_second_lock_names_the_holder(tmp_path):
 
 
 def test_lock_of_a_dead_process_is_taken_over_with_a_warning(tmp_path, caplog):
-    code = ("import sys, os; sys.path.insert(0, sys.argv[2]); from training.run_folder import RunLock; "
+    code = ("import sys, os; sys.path.insert(0, sys.argv[2]); from training.resilience.run_folder import RunLock; "
             "RunLock(sys.argv[1]).acquire(); os._exit(0)")  # exits holding the lock, never releasing
     repo = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-c", code, str(tmp_path), str(repo)], check=True)

@@ -1,10 +1,10 @@
-"""training.engine_deepspeed.repair_universal_load on a hand-built optimizer state shaped like the one
+"""training.engines.deepspeed.repair_universal_load on a hand-built optimizer state shaped like the one
 deepspeed 0.19's universal-checkpoint load leaves behind (no DeepSpeed run needed)."""
 from types import SimpleNamespace
 
 import torch
 
-from training.engine_deepspeed import repair_universal_load
+from training.engines.deepspeed import repair_universal_load
 
 
 def _loaded_state(fused: bool):

@@ -1,4 +1,4 @@
-"""The low-precision weight cache (training/weight_cache.py): on CPU under bf16 autocast, a run that
+"""The low-precision weight cache (training/engines/weight_cache.py): on CPU under bf16 autocast, a run that
 casts the matmul weights once per optimizer step must train exactly like autocast's cast per
 micro-batch (same bf16 weights, same bf16 weight gradients added into fp32)."""
 from types import SimpleNamespace
@@ -9,8 +9,8 @@ import torch
 from model.gpt import GPT
 from training.config import ConfigError, load_config
 from training.distributed import DistInfo
-from training.engine import TorchEngine
-from training.weight_cache import (WeightCache, cacheable_parameters, setup, weight_cache_choice,
+from training.engines.replicas import TorchEngine
+from training.engines.weight_cache import (WeightCache, cacheable_parameters, setup, weight_cache_choice,
                                    wgrad_fp32_choice)
 
 SMALL = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.vocab_size=320", "model.seq_len=24",

@@ -1,6 +1,6 @@
 """The plain PyTorch engine (`TorchEngine`): one process, or replicas across the torchrun ranks, and the
 choices it makes from the config (gradient sync, weight cache, fp32 weight gradients). The interface is
-in training/engine_base.py; training/engine_factory.py picks the engine a config asks for.
+in training/engines/base.py; training/engines/factory.py picks the engine a config asks for.
 """
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from typing import Dict
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from training.checkpoint import load_data
+from training.resilience.checkpoint import load_data
 from training.config import Config, grad_accum_steps
 from training.distributed import DistInfo
-from training.engine_base import Engine, autocast_dtype
-from training.grad_allreduce import all_reduce_grads, broadcast_from_rank0, grad_sync_choice
-from training.compile_options import prepare_compile
+from training.engines.base import Engine, autocast_dtype
+from training.engines.grad_allreduce import all_reduce_grads, broadcast_from_rank0, grad_sync_choice
+from training.compile.options import prepare_compile
 from training.optim import WarmupCosine, build_optimizer, clip_scale, clips_in_step
-from training.weight_cache import setup as setup_weight_cache
+from training.engines.weight_cache import setup as setup_weight_cache
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class TorchEngine(Engine):
     gradients DDP reduces during the backward or `all_reduce_grads` after it (engine.grad_sync)."""
 
     _clips_in_step = None  # whether clipping rides in the fused optimizer step (set on the first step)
-    weight_cache = None  # WeightCache when in use (autocast; one process or after/during_backward): training/weight_cache.py
+    weight_cache = None  # WeightCache when in use (autocast; one process or after/during_backward): training/engines/weight_cache.py
     grad_sync = None  # with several ranks: "ddp", "after_backward" or "during_backward" (grad_sync_choice)
     _told_early = False
 
@@ -55,7 +55,7 @@ class TorchEngine(Engine):
             broadcast_from_rank0(self.model)  # the replicas start equal, as DDP makes them
         self.wrapped = wrapped
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        # low-precision weight cache, fp32 weight-gradient GEMMs, early reduction (training/weight_cache.py)
+        # low-precision weight cache, fp32 weight-gradient GEMMs, early reduction (training/engines/weight_cache.py)
         self.weight_cache, self.cached_forward, self.reducer = setup_weight_cache(
             self.model, cfg, dist, self.amp_dtype, self.grad_sync, options)
 

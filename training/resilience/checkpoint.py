@@ -8,7 +8,7 @@ Layout under <run_dir>/checkpoints/:
         client.pt             step, tokens seen, resolved config, W&B run id, world size, format
         rank00000.pt ...      per rank: loader state and RNG states (python, numpy, torch, cuda)
         manifest.json         size and hash of every other file, format version, the project version
-                              that wrote it, write sequence number (training/manifest.py); written last
+                              that wrote it, write sequence number (training/resilience/manifest.py); written last
     latest                    text file naming the newest complete checkpoint, written last
     corrupt-step_*/           checkpoints that failed to verify or load, moved aside by auto-resume
 A save writes into a hidden `.tmp-*` folder, hashes + fsyncs every file, writes the manifest, renames
@@ -37,9 +37,9 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
-from training import faults
+from training.resilience import faults
 from training.distributed import DistInfo
-from training.manifest import ManifestMissing, fsync_dir, read_manifest, verify, write_manifest
+from training.resilience.manifest import ManifestMissing, fsync_dir, read_manifest, verify, write_manifest
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from training.checkpoint import CheckpointError
+from training.resilience.checkpoint import CheckpointError
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ from typing import Dict
 
 import torch
 
-from training.checkpoint import load_data
+from training.resilience.checkpoint import load_data
 from training.config import Config
-from training.deepspeed_config import deepspeed_config
+from training.engines.deepspeed_config import deepspeed_config
 from training.distributed import DistInfo, ensure_process_group
-from training.engine_base import Engine, autocast_dtype
-from training.compile_options import prepare_compile
+from training.engines.base import Engine, autocast_dtype
+from training.compile.options import prepare_compile
 from training.optim import WarmupCosine, build_optimizer, param_groups
 
 TAG = "deepspeed"  # sub-folder of our checkpoint folder holding DeepSpeed's own files
@@ -159,7 +159,7 @@ class DeepSpeedEngine(Engine):
         """Rank 0 converts <directory>/deepspeed (sharded over `saved` ranks) into
         <directory>/deepspeed_universal; every rank then loads that. Returns the tag to load. The
         conversion is rebuilt at each such resume from the shards the manifest just verified (the
-        manifest does not cover it: training/manifest.py DERIVED), so no file added later is loaded."""
+        manifest does not cover it: training/resilience/manifest.py DERIVED), so no file added later is loaded."""
         import shutil
 
         import torch.distributed as tdist

@@ -75,5 +75,5 @@ def install() -> bool:
     AsyncCompile.triton = triton
     _installed = True
     log.info("torch.compile: a barrier before each read-back in inductor's Triton kernels "
-             "(training/inductor_barrier.py)")
+             "(training/compile/inductor_barrier.py)")
     return True

@@ -10,8 +10,8 @@ both forms mean the same dotted name. The options go to torch.compile(options=..
 graphs, not process-wide) in every engine: the one-process / DDP engine, FSDP2's per-block compile and
 DeepSpeed's engine.compile. An unknown name or a value of the wrong type is a ConfigError naming it.
 
-`prepare_compile(cfg.train)` is what each engine runs before its compile: training/inductor_barrier.py's
-fix, training/persistent_rows.py's rule (train.compile_persistent_rows; with it active the compile runs
+`prepare_compile(cfg.train)` is what each engine runs before its compile: training/compile/inductor_barrier.py's
+fix, training/compile/persistent_rows.py's rule (train.compile_persistent_rows; with it active the compile runs
 without triton.multi_kernel, whose timed pick the rule replaces), and these options.
 """
 from __future__ import annotations
@@ -60,11 +60,11 @@ def inductor_options(options: Mapping | None) -> dict[str, Any]:
 def prepare_compile(train) -> dict[str, Any]:
     """Before an engine's torch.compile (train = cfg.train, with compile on): install the inductor
     barrier, the bounded fallback message and the persistent-rows rule; return torch.compile's options."""
-    from training import inductor_fallback_log, persistent_rows
-    from training.inductor_barrier import install as install_inductor_barrier
+    from training.compile import inductor_fallback_log, persistent_rows
+    from training.compile.inductor_barrier import install as install_inductor_barrier
 
-    install_inductor_barrier()  # a race in inductor's LayerNorm kernels (training/inductor_barrier.py)
-    inductor_fallback_log.install()  # a compile that never ends on deep graphs (training/inductor_fallback_log.py)
+    install_inductor_barrier()  # a race in inductor's LayerNorm kernels (training/compile/inductor_barrier.py)
+    inductor_fallback_log.install()  # a compile that never ends on deep graphs (training/compile/inductor_fallback_log.py)
     options = inductor_options(train.compile_options)
     persistent_rows.install(train.compile_persistent_rows)  # a torch without the hook leaves no limit
     if persistent_rows.current_limit():
@@ -75,5 +75,5 @@ def prepare_compile(train) -> dict[str, Any]:
         logging.getLogger(__name__).warning(
             "train.compile_options.triton.multi_kernel: in torch 2.11 its generated code failed to load from "
             "TorchInductor's FX graph cache (a second run on the same machine stopped at compile); "
-            "train.compile_persistent_rows makes the LayerNorm rows persistent without it (training/persistent_rows.py)")
+            "train.compile_persistent_rows makes the LayerNorm rows persistent without it (training/compile/persistent_rows.py)")
     return options

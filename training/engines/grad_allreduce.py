@@ -1,7 +1,7 @@
 """Data parallelism without DDP's hooks: the gradients are summed over the ranks after the last
 micro-batch of an accumulation, in place.
 
-Why: the weight cache (training/weight_cache.py) and the weight-gradient GEMMs that add straight into
+Why: the weight cache (training/engines/weight_cache.py) and the weight-gradient GEMMs that add straight into
 the fp32 .grad (kernels/wgrad.py) bypass the parameters' AccumulateGrad, which is where torch DDP hooks
 its gradient reduction, so under DDP the trainer runs without them (several % of a step on an H100,
 bench/RESULTS.md), and DDP's bucket copies of the gradients (+10.8 GB at 2.7B) keep
@@ -16,7 +16,7 @@ is the mean.
 across nodes, where the all-reduce is slower, DDP's overlap wins, and `engine.grad_sync=auto` keeps
 DDP there (`grad_sync_choice`). engine.grad_sync=during_backward (auto's pick on one node: +0.9% per
 GPU on 2 H100s) starts each fp32 weight gradient's all-reduce as soon as its GEMM has written it in the
-last micro-batch (`ReduceAsWritten`, training/weight_cache.py, which owns those GEMMs' wiring).
+last micro-batch (`ReduceAsWritten`, training/engines/weight_cache.py, which owns those GEMMs' wiring).
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def all_reduce_grads(params: Iterable[torch.nn.Parameter], small_numel: int = SM
 
 def grad_sync_choice(cfg: Config, dist: DistInfo, amp_dtype) -> tuple:
     """(how the replicated torch engine reduces gradients over ranks, why): "ddp" (torch DDP, overlapped
-    with the backward) or "after_backward" (training/grad_allreduce.py: after the last micro-batch, which
+    with the backward) or "after_backward" (training/engines/grad_allreduce.py: after the last micro-batch, which
     lets the weight cache and the fp32 weight-gradient GEMMs run), or "during_backward" (the same, each
     fp32 weight gradient's all-reduce started as its GEMM writes it in the last micro-batch). auto:
     during_backward when the cache applies and all ranks are on one node (2 H100s, 1.3B-8k: 672 vs 666

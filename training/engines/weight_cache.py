@@ -41,7 +41,7 @@ fold. The tied embedding / head weight gets the same: both modules' `main_grad` 
 and their backwards add into it (model/tied_grad.py). The fp32 .grad of those weights then exists
 from the first micro-batch's forward on, not from its backward.
 
-With several ranks and engine.grad_sync=during_backward (training/grad_allreduce.py `grad_sync_choice`),
+With several ranks and engine.grad_sync=during_backward (training/engines/grad_allreduce.py `grad_sync_choice`),
 `ReduceAsWritten` starts the all-reduce of each GEMM-written fp32 gradient as soon as the last
 micro-batch's GEMM has written it (kernels/wgrad.py calls its hook), overlapping the rest of the backward.
 """
@@ -56,7 +56,7 @@ import torch.nn as nn
 
 from training.config import Config
 from training.distributed import DistInfo
-from training.grad_allreduce import all_reduce_grads, grad_sync_choice
+from training.engines.grad_allreduce import all_reduce_grads, grad_sync_choice
 
 
 def weight_cache_choice(cfg: Config, dist: DistInfo, amp_dtype) -> tuple:

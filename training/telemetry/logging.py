@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from training.metrics import format_mfu
+from training.telemetry.metrics import format_mfu
 
 # W&B summaries so runs line up side by side in the runs table.
 WANDB_SUMMARIES = {"loss": "min,last", "eval/loss": "min,last", "tokens_per_s": "mean",
@@ -153,13 +153,13 @@ class RunLogger:
 
     def _log_lost_history(self, run, mode: str) -> None:
         """On resume: log again the steps up to the checkpoint that metrics.jsonl has and the W&B run
-        lacks (a crash loses what W&B's service had buffered: training/wandb_history.py). Offline, the
+        lacks (a crash loses what W&B's service had buffered: training/telemetry/wandb_history.py). Offline, the
         run's own files say which steps it holds; online, the server's next step bounds them."""
         path = self.run_dir / "metrics.jsonl"
         if not path.is_file():
             return
         if mode == "offline":
-            from training.wandb_history import logged_steps
+            from training.telemetry.wandb_history import logged_steps
             have, floor = logged_steps(self.run_dir / "wandb", self.wandb_id), 0
         else:
             have, floor = set(), int(getattr(run, "starting_step", 0) or 0)

@@ -6,8 +6,8 @@ whether plain torch (single process / DDP), FSDP2 or DeepSpeed runs underneath.
     engine.save(dir) / engine.load(dir)           # the engine's own files inside a checkpoint folder
 
 This module is the interface and what every engine shares; each engine imports it and no other engine
-but the one it extends (training/engine.py: TorchEngine; engine_fsdp.py extends it; engine_deepspeed.py).
-training/engine_factory.py picks one from the config.
+but the one it extends (replicas.py: TorchEngine; fsdp.py extends it; deepspeed.py). factory.py picks one
+from the config.
 """
 from __future__ import annotations
 

@@ -8,17 +8,17 @@ import torch
 
 from training.config import Config
 from training.distributed import DistInfo
-from training.engine import TorchEngine
-from training.engine_base import Engine
+from training.engines.replicas import TorchEngine
+from training.engines.base import Engine
 
 
 def build_engine(model: torch.nn.Module, cfg: Config, dist: DistInfo) -> Engine:
     if cfg.engine.type == "deepspeed":
-        from training.engine_deepspeed import DeepSpeedEngine
+        from training.engines.deepspeed import DeepSpeedEngine
 
         return DeepSpeedEngine(model, cfg, dist)
     if cfg.engine.parallel == "fsdp":
-        from training.engine_fsdp import FSDPEngine
+        from training.engines.fsdp import FSDPEngine
 
         return FSDPEngine(model, cfg, dist)
     return TorchEngine(model, cfg, dist)

@@ -5,7 +5,7 @@ Batch arithmetic (DeepSpeed checks it): train_batch_size = micro_batch × accumu
 from __future__ import annotations
 
 from training.config import Config, grad_accum_steps
-from training.engine_base import autocast_dtype
+from training.engines.base import autocast_dtype
 
 
 def deepspeed_config(cfg: Config, world_size: int, device) -> dict:

@@ -3,7 +3,7 @@
 A LayerNorm over a row of d_model elements is one "inner" reduction per row. TorchInductor keeps the
 row in registers (a persistent reduction: the row is read once) only up to 1024 elements; longer rows
 get a looped kernel that reads the row twice (statistics, then the normalised output), and with
-training/inductor_barrier.py's fix a barrier per loop step. `triton.multi_kernel` generates both and
+training/compile/inductor_barrier.py's fix a barrier per loop step. `triton.multi_kernel` generates both and
 times them on first use, but in the 2.7B-8k step its pick can be the looped residual add + LayerNorm
 forward at ~81 us per call where the persistent one takes ~60 us (bench/RESULTS.md), and forcing
 persistence everywhere (`multi_kernel=3`) makes the bias-gradient column sums 2x slower.
@@ -11,7 +11,7 @@ persistence everywhere (`multi_kernel=3`) makes the bias-gradient column sums 2x
 `install(limit)` wraps TorchInductor's heuristic (`InductorChoices.should_use_persistent_reduction`,
 the method its codegen asks) so that it also says yes to inner reductions of at most `limit` elements,
 and otherwise defers to TorchInductor. The limit is process-wide (the backward graph compiles later, in
-autograd's thread); `install(0)` turns it off again. training/compile_options.py's `prepare_compile`
+autograd's thread); `install(0)` turns it off again. training/compile/options.py's `prepare_compile`
 installs it from `train.compile_persistent_rows` for every engine's compile (and bench/e2e.py's plain
 compiled setups: a compile setting both sides share) and then compiles without `triton.multi_kernel`
 (the choice is made here, not by timing). Besides its pick, multi_kernel's generated code failed to

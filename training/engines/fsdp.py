@@ -15,12 +15,12 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from training.checkpoint import load_data
+from training.resilience.checkpoint import load_data
 from training.config import Config, grad_accum_steps
 from training.distributed import DistInfo, ensure_process_group
-from training.engine import TorchEngine
-from training.engine_base import autocast_dtype
-from training.compile_options import prepare_compile
+from training.engines.replicas import TorchEngine
+from training.engines.base import autocast_dtype
+from training.compile.options import prepare_compile
 from training.optim import WarmupCosine, build_optimizer
 
 
