@@ -61,10 +61,10 @@ from training.allocator import expandable_segments_by_default  # noqa: E402
 expandable_segments_by_default()  # every setup, ours and plain, with the launcher's allocator setting
 
 from model.gpt import GPT  # noqa: E402
+from training.compile.inductor_barrier import install as install_inductor_barrier  # noqa: E402
 from training.compile.options import prepare_compile  # noqa: E402
 from training.config import load_config  # noqa: E402
 from training.telemetry.gpu import GpuTelemetry  # noqa: E402
-from training.compile.inductor_barrier import install as install_inductor_barrier  # noqa: E402
 from training.telemetry.metrics import measure_gemm_ceiling, peak_flops  # noqa: E402
 from training.telemetry.profiling import profile_call  # noqa: E402
 

@@ -23,9 +23,9 @@ expandable_segments_by_default()  # before anything touches CUDA
 import torch  # noqa: E402
 
 from data.sources import DataError  # noqa: E402
-from training.resilience.checkpoint import CheckpointError  # noqa: E402
 from training.config import ConfigError, load_config, validate  # noqa: E402
 from training.distributed import Rank0Failed, all_reached, init_distributed  # noqa: E402
+from training.resilience.checkpoint import CheckpointError  # noqa: E402
 from training.resilience.out_of_memory import explain as explain_oom  # noqa: E402
 from training.trainer import NonFiniteError, Trainer  # noqa: E402
 

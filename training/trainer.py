@@ -4,7 +4,8 @@ metrics. Everything it drives is built by `Trainer.build` from one resolved Conf
 Reliability (README "Errors and what to do"): a non-finite loss or gradient norm is caught before the
 optimizer step (train.nonfinite=skip|stop); SIGTERM/SIGINT stop every rank at the same micro-batch
 boundary with the checkpoint of the last finished step; a rank that stops making progress ends the job
-(training/resilience/watchdog.py); auto-resume falls back past damaged checkpoints (training/resilience/checkpoint.py)."""
+(training/resilience/watchdog.py); auto-resume falls back past damaged checkpoints
+(training/resilience/checkpoint.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,22 +19,22 @@ from data.loader import PackedLoader
 from data.prepare import prepare
 from model.config import GPTConfig
 from model.gpt import GPT
-from training.resilience import faults
-from training.resilience.checkpoint import (CheckpointError, Checkpointer, IncompatibleCheckpoint, on_main, rng_state,
-                                 set_rng_state)
 from training.config import Config, grad_accum_steps, save_resolved, to_dict, zero3_partitions_modules
-from training.resilience.determinism import make_deterministic
 from training.distributed import DistInfo, control_store, rank0_first, stop_group
-from training.engines.replicas import TorchEngine
 from training.engines.base import autocast_dtype
 from training.engines.factory import build_engine
-from training.telemetry.logging import RunLogger
-from training.telemetry.gpu import GpuTelemetry
-from training.telemetry.metrics import DeferredScalars, ThroughputMeter, memory_stats, peak_flops
-from training.telemetry.profiling import profile_call
+from training.engines.replicas import TorchEngine
+from training.resilience import faults
+from training.resilience.checkpoint import (CheckpointError, Checkpointer, IncompatibleCheckpoint, on_main,
+                                            rng_state, set_rng_state)
+from training.resilience.determinism import make_deterministic
 from training.resilience.run_folder import RunLock, move_aside
 from training.resilience.signals import StopSignal
 from training.resilience.watchdog import HangWatchdog
+from training.telemetry.gpu import GpuTelemetry
+from training.telemetry.logging import RunLogger
+from training.telemetry.metrics import DeferredScalars, ThroughputMeter, memory_stats, peak_flops
+from training.telemetry.profiling import profile_call
 
 log = logging.getLogger(__name__)
 

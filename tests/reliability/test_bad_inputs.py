@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-from training.resilience.checkpoint import CheckpointError
 from training.config import load_config
 from training.distributed import DistInfo
+from training.resilience.checkpoint import CheckpointError
 from training.trainer import Trainer
 
 import fault_trials as ft  # bench/fault_trials.py (conftest puts bench/ on the path)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.resilience.checkpoint import verify
 from training.config import load_config
+from training.resilience.checkpoint import verify
 from training.resilience.out_of_memory import explain, memory_options
 
 REPO = Path(__file__).resolve().parents[2]

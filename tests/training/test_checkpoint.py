@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from training.resilience.checkpoint import CheckpointError, Checkpointer, rng_state, set_rng_state
 from training.config import load_config, to_dict
 from training.distributed import DistInfo
+from training.resilience.checkpoint import CheckpointError, Checkpointer, rng_state, set_rng_state
 from training.trainer import check_compatible
 
 

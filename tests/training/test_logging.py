@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from training.telemetry import logging as runlog
 from training.config import Config
+from training.telemetry import logging as runlog
 from training.telemetry.logging import RunLogger, truncate_jsonl
 
 WANDB_VARS = ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_MODE")

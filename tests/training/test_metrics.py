@@ -7,7 +7,7 @@ import torch
 from model.config import GPTConfig
 from training.telemetry import metrics
 from training.telemetry.metrics import (DeferredScalars, ThroughputMeter, format_mfu, measure_gemm_ceiling,
-                              memory_stats, peak_flops)
+                                        memory_stats, peak_flops)
 
 
 def test_flops_tiny_by_hand():

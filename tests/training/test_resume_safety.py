@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-import training.resilience.checkpoint as ckmod
-from training.resilience.checkpoint import CheckpointError, Checkpointer, IncompatibleCheckpoint, rng_state, set_rng_state
 from training.distributed import DistInfo
+import training.resilience.checkpoint as ckmod
+from training.resilience.checkpoint import (CheckpointError, Checkpointer, IncompatibleCheckpoint, rng_state,
+                                            set_rng_state)
 from training.resilience.manifest import verify, write_manifest
 from training.resilience.run_folder import RunFolderBusy, RunLock, move_aside
 

@@ -11,7 +11,7 @@ from training.config import ConfigError, load_config
 from training.distributed import DistInfo
 from training.engines.replicas import TorchEngine
 from training.engines.weight_cache import (WeightCache, cacheable_parameters, setup, weight_cache_choice,
-                                   wgrad_fp32_choice)
+                                           wgrad_fp32_choice)
 
 SMALL = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.vocab_size=320", "model.seq_len=24",
          "data.tokenizer_vocab_size=320", "train.dtype=bf16", "train.global_batch_size=6", "train.micro_batch_size=2", "train.max_steps=10",

@@ -64,7 +64,7 @@ def prepare_compile(train) -> dict[str, Any]:
     from training.compile.inductor_barrier import install as install_inductor_barrier
 
     install_inductor_barrier()  # a race in inductor's LayerNorm kernels (training/compile/inductor_barrier.py)
-    inductor_fallback_log.install()  # a compile that never ends on deep graphs (training/compile/inductor_fallback_log.py)
+    inductor_fallback_log.install()  # a compile that never ends on deep graphs (inductor_fallback_log.py)
     options = inductor_options(train.compile_options)
     persistent_rows.install(train.compile_persistent_rows)  # a torch without the hook leaves no limit
     if persistent_rows.current_limit():
@@ -75,5 +75,6 @@ def prepare_compile(train) -> dict[str, Any]:
         logging.getLogger(__name__).warning(
             "train.compile_options.triton.multi_kernel: in torch 2.11 its generated code failed to load from "
             "TorchInductor's FX graph cache (a second run on the same machine stopped at compile); "
-            "train.compile_persistent_rows makes the LayerNorm rows persistent without it (training/compile/persistent_rows.py)")
+            "train.compile_persistent_rows makes the LayerNorm rows persistent without it "
+            "(training/compile/persistent_rows.py)")
     return options

@@ -14,13 +14,13 @@ from typing import Dict
 
 import torch
 
-from training.resilience.checkpoint import load_data
+from training.compile.options import prepare_compile
 from training.config import Config
-from training.engines.deepspeed_config import deepspeed_config
 from training.distributed import DistInfo, ensure_process_group
 from training.engines.base import Engine, autocast_dtype
-from training.compile.options import prepare_compile
+from training.engines.deepspeed_config import deepspeed_config
 from training.optim import WarmupCosine, build_optimizer, param_groups
+from training.resilience.checkpoint import load_data
 
 TAG = "deepspeed"  # sub-folder of our checkpoint folder holding DeepSpeed's own files
 UNIVERSAL_TAG = "deepspeed_universal"  # its conversion to a universal checkpoint (made on demand)

@@ -8,8 +8,8 @@ import torch
 
 from training.config import Config
 from training.distributed import DistInfo
-from training.engines.replicas import TorchEngine
 from training.engines.base import Engine
+from training.engines.replicas import TorchEngine
 
 
 def build_engine(model: torch.nn.Module, cfg: Config, dist: DistInfo) -> Engine:

@@ -15,13 +15,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from training.resilience.checkpoint import load_data
+from training.compile.options import prepare_compile
 from training.config import Config, grad_accum_steps
 from training.distributed import DistInfo, ensure_process_group
-from training.engines.replicas import TorchEngine
 from training.engines.base import autocast_dtype
-from training.compile.options import prepare_compile
+from training.engines.replicas import TorchEngine
 from training.optim import WarmupCosine, build_optimizer
+from training.resilience.checkpoint import load_data
 
 
 class FSDPEngine(TorchEngine):

@@ -12,14 +12,14 @@ from typing import Dict
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from training.resilience.checkpoint import load_data
+from training.compile.options import prepare_compile
 from training.config import Config, grad_accum_steps
 from training.distributed import DistInfo
 from training.engines.base import Engine, autocast_dtype
 from training.engines.grad_allreduce import all_reduce_grads, broadcast_from_rank0, grad_sync_choice
-from training.compile.options import prepare_compile
-from training.optim import WarmupCosine, build_optimizer, clip_scale, clips_in_step
 from training.engines.weight_cache import setup as setup_weight_cache
+from training.optim import WarmupCosine, build_optimizer, clip_scale, clips_in_step
+from training.resilience.checkpoint import load_data
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class TorchEngine(Engine):
     gradients DDP reduces during the backward or `all_reduce_grads` after it (engine.grad_sync)."""
 
     _clips_in_step = None  # whether clipping rides in the fused optimizer step (set on the first step)
-    weight_cache = None  # WeightCache when in use (autocast; one process or after/during_backward): training/engines/weight_cache.py
+    weight_cache = None  # WeightCache when in use (autocast; one process or after/during_backward): weight_cache.py
     grad_sync = None  # with several ranks: "ddp", "after_backward" or "during_backward" (grad_sync_choice)
     _told_early = False
 

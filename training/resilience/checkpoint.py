@@ -37,8 +37,8 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
-from training.resilience import faults
 from training.distributed import DistInfo
+from training.resilience import faults
 from training.resilience.manifest import ManifestMissing, fsync_dir, read_manifest, verify, write_manifest
 
 log = logging.getLogger(__name__)
