@@ -26,12 +26,36 @@ import json
 import os
 import socket
 import sys
+import tempfile
 import threading
 import time
 from typing import Callable, Optional
 
 EXIT_CODE = 4  # launch/train.py's table: 2 bad input, 3 non-finite values, 4 hang
 FIRST_STEP_FACTOR = 4  # the first step of a session gets this many timeouts (20 min at the default 300 s)
+
+
+def write_block(header: str, tail: str) -> None:
+    """Write `header`, every thread's Python stack and `tail` to stderr in one write(): ranks launched
+    together share one stderr, and a stack dump written piecewise by two ranks at once comes out
+    interleaved character by character. The stacks go through a temporary file (faulthandler writes
+    only to a file descriptor); without one they go to stderr directly."""
+    sys.stderr.flush()
+    try:
+        with tempfile.TemporaryFile() as tmp:
+            faulthandler.dump_traceback(file=tmp, all_threads=True)
+            tmp.seek(0)
+            block = header.encode() + tmp.read() + tail.encode()
+    except OSError:
+        sys.stderr.write(header)
+        sys.stderr.flush()
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.write(tail)
+        sys.stderr.flush()
+        return
+    view = memoryview(block)
+    while view:
+        view = view[os.write(2, view):]
 
 
 def period_for(timeout_s: float) -> float:
@@ -121,16 +145,14 @@ class HangWatchdog:
                 self.store.set("hang", str(self.rank))
             except Exception:
                 first = True  # no store: nobody else can print it
-        err = sys.stderr
         who = (f"rank {self.rank} found no progress for {waited:.0f} s" if leader
                else f"rank {self.rank}: another rank found the job hung")
-        print(f"\n--- hang watchdog: {who}; Python stacks of rank {self.rank} (pid {self.pid} on "
-              f"{self.host}), main thread doing {self._doing}:", file=err, flush=True)
-        faulthandler.dump_traceback(file=err, all_threads=True)
-        if first:
-            print(self.message(waited, self._heartbeats()), file=err, flush=True)
+        header = (f"\n--- hang watchdog: {who}; Python stacks of rank {self.rank} (pid {self.pid} on "
+                  f"{self.host}), main thread doing {self._doing}:\n")
+        tail = self.message(waited, self._heartbeats()) + "\n" if first else ""
+        write_block(header, tail)
         time.sleep(2 * self.period)  # the other ranks see `hang` at their next heartbeat and dump
-        err.flush()
+        sys.stderr.flush()
         sys.stdout.flush()
         os._exit(EXIT_CODE)
 
