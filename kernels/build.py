@@ -32,9 +32,6 @@ NVCC_FLAGS = [
     "-lineinfo",
     "--expt-relaxed-constexpr",
 ]
-# Extra nvcc flags for tuning sweeps (e.g. tile overrides, see csrc/*_launch_template.h);
-# part of the cache key.
-NVCC_FLAGS += os.environ.get("FLASHGPT_NVCC_EXTRA", "").split()
 
 _lock = threading.Lock()
 _ext: ModuleType | None = None

@@ -79,10 +79,6 @@ void run_bwd_preprocess(Flash_bwd_params &params, cudaStream_t stream);
 template <typename T>
 void run_bwd_convert_dq(Flash_bwd_params &params, cudaStream_t stream);
 
-// Hopper wgmma probe (hopper/wgmma_probe.cu): C1 = A B^T, C2 = T(C1) V for one 64 x 128 tile.
-template <typename T>
-void run_wgmma_probe(const void *a, const void *b, const void *v, float *c1, float *c2, cudaStream_t stream);
-
 // Which kernel family runs on Hopper, per shape class (hopper/dispatch.cu; set by kernels/tune_cache.py
 // from its on-disk cache): pass 0 = forward, 1 = backward; head_dim 64 or 128; seqlen bucket of
 // seqlen_k: 0 (<= 1k), 1 (<= 2k), 2 (<= 4k), 3 (longer). choice -1 = built-in default, 0 = the FA2
@@ -94,6 +90,3 @@ int sm90_choice(int pass, int head_dim, bool causal, int bucket);
 // Whether the forward for this shape runs the persistent Hopper kernel, which needs params.tile_counter
 // (hopper/dispatch.cu: the dispatch of hopper/dispatch.h, for the binding).
 bool fwd_needs_tile_counter(int head_dim, bool causal, int seqlen_k, bool varlen);
-// Whether the TMA backward's consumer warpgroups take turns for this shape (hopper/dispatch.h
-// pingpong_backward: threshold, tuning cache, FLASHGPT_SM90_BWD_PINGPONG), for the tests.
-bool bwd_takes_turns(int head_dim, bool causal, int seqlen_q, int seqlen_k);

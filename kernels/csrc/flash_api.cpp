@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -21,14 +20,6 @@
 #include "static_switch.h"
 
 namespace {
-
-bool g_poison = false;  // tests: fill every output with NaN before the kernels run
-
-void set_debug_poison(bool on) { g_poison = on; }
-
-void poison(at::Tensor &t) {
-    if (g_poison) t.fill_(std::numeric_limits<float>::quiet_NaN());
-}
 
 // cp.async moves 16-byte chunks: the last dim must be contiguous, the other strides multiples
 // of 8 elements and the base 16-byte aligned. Anything else is copied to a contiguous tensor.
@@ -124,8 +115,6 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     const int64_t h = q.size(-2);
     at::Tensor lse = varlen ? at::empty({h, q.size(0)}, q.options().dtype(at::kFloat))
                             : at::empty({q.size(0), h, q.size(1)}, q.options().dtype(at::kFloat));
-    poison(out);
-    poison(lse);
 
     Flash_fwd_params params;
     fill_fwd_params(params, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -211,7 +200,6 @@ std::vector<at::Tensor> mha_bwd_into(at::Tensor dout, at::Tensor q, at::Tensor k
     params.dq_accum_floats = tiled_floats <= 2 * row_floats ? std::max(row_floats, tiled_floats) : row_floats;
     params.dq_accum_tiled = false;
     at::Tensor dq_accum = at::empty({params.dq_accum_floats}, q.options().dtype(at::kFloat));
-    poison(dq); poison(dk_exp); poison(dv_exp); poison(dsum); poison(dq_accum);
     const int b = params.b;
     at::Tensor sem;
     if (deterministic) {
@@ -270,33 +258,6 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
                         softmax_scale, causal, deterministic, c10::nullopt, c10::nullopt, c10::nullopt);
 }
 
-// Hopper probe (kernels/csrc/hopper/wgmma_probe.cu): one 64-row tile through wgmma.
-std::vector<at::Tensor> wgmma_probe(const at::Tensor &a, const at::Tensor &b, const at::Tensor &v) {
-    TORCH_CHECK(a.is_cuda() && b.is_cuda() && v.is_cuda(), "flashgpt.wgmma_probe: CUDA tensors expected");
-    const auto *prop = at::cuda::getCurrentDeviceProperties();
-    TORCH_CHECK(prop->major == 9, "flashgpt.wgmma_probe: needs a Hopper GPU (sm_90), found sm_",
-                flashgpt::num(prop->major), flashgpt::num(prop->minor));
-    TORCH_CHECK(a.sizes() == at::IntArrayRef({64, 128}) && b.sizes() == at::IntArrayRef({128, 128}) &&
-                    v.sizes() == at::IntArrayRef({128, 128}),
-                "flashgpt.wgmma_probe: shapes a (64, 128), b (128, 128), v (128, 128) expected");
-    TORCH_CHECK(a.scalar_type() == b.scalar_type() && a.scalar_type() == v.scalar_type() &&
-                    (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf),
-                "flashgpt.wgmma_probe: a, b, v must all be bfloat16 or all float16");
-    c10::cuda::CUDAGuard guard(a.device());
-    auto ac = a.contiguous(), bc = b.contiguous(), vc = v.contiguous();
-    auto c1 = at::empty({64, 128}, a.options().dtype(at::kFloat));
-    auto c2 = at::empty({64, 128}, a.options().dtype(at::kFloat));
-    cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
-    if (a.scalar_type() == at::kBFloat16) {
-        run_wgmma_probe<__nv_bfloat16>(ac.data_ptr(), bc.data_ptr(), vc.data_ptr(), c1.data_ptr<float>(),
-                                       c2.data_ptr<float>(), stream);
-    } else {
-        run_wgmma_probe<__half>(ac.data_ptr(), bc.data_ptr(), vc.data_ptr(), c1.data_ptr<float>(),
-                                c2.data_ptr<float>(), stream);
-    }
-    return {c1, c2};
-}
-
 }  // namespace
 
 void register_gelu_mlp(pybind11::module_ &m);  // mlp/gelu_mlp_api.cpp: the cuBLASLt GELU-epilogue GEMMs
@@ -308,15 +269,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("fwd", &mha_fwd, "FlashAttention-2 forward: returns [out, lse]");
     m.def("bwd", &mha_bwd, "FlashAttention-2 backward: returns [dq, dk, dv]");
     m.def("bwd_into", &mha_bwd_into, "the backward into given dq, dk, dv (views of a packed dqkv)");
-    m.def("wgmma_probe", &wgmma_probe, "tests: C1 = a b^T and C2 = bf16(C1) v through Hopper wgmma");
-    m.def("set_debug_poison", &set_debug_poison, "tests: fill outputs with NaN before each launch");
     m.def("set_sm90_choice", &set_sm90_choice, "Hopper dispatch per shape class (kernels/tune_cache.py): "
           "pass 0/1, head dim 64/128, causal, seqlen bucket 0-3, choice -1 default / 0 FA2 / 1 Hopper "
           "(backward: 2 Hopper in lock-step / 3 Hopper in turns)");
     m.def("sm90_choice", &sm90_choice, "the Hopper dispatch choice of a shape class (-1 = default)");
     m.def("seqlen_bucket", &seqlen_bucket, "seqlen_k -> the dispatch bucket 0-3");
-    m.def("bwd_takes_turns", &bwd_takes_turns, "tests: whether the TMA backward's warpgroups take turns "
-          "(head_dim, causal, seqlen_q, seqlen_k)");
     register_gelu_mlp(m);
     register_wgrad(m);
     register_add_layer_norm(m);

@@ -7,7 +7,6 @@
 #include "flash_bwd_kernel.h"
 #include "flash_bwd_kernel_2d.h"
 #include "hopper/dispatch.h"
-#include "hopper/flash_bwd_sm90.h"
 #include "hopper/flash_bwd_sm90_ws.h"
 #include "kernel_traits.h"
 #include "launch.h"
@@ -19,9 +18,9 @@
 template <typename Kt, typename KernelFor>
 void launch_bwd(Flash_bwd_params &params, cudaStream_t stream, KernelFor kernel_for) {
     const int num_n_blocks = flash::cdiv(params.seqlen_k, Kt::kBlockN);
-    // Either grid order (grid_order.h) dispatches a head's low key blocks before its high ones:
+    // The grid (grid_order.h) dispatches a head's low key blocks before its high ones:
     // deterministic mode waits on them.
-    const dim3 grid = flash::tile_grid(params, num_n_blocks, /*default_group=*/1);
+    const dim3 grid = flash::tile_grid(params, num_n_blocks, /*group=*/1);
     const bool is_even = params.cu_seqlens_q == nullptr && params.seqlen_q % Kt::kBlockM == 0 &&
                          params.seqlen_k % Kt::kBlockN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
@@ -54,9 +53,8 @@ using BwdTraits = Flash_bwd_kernel_traits<D, BM, BN, W, T, MINB, UNROLL, DQM>;
 
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim64(Flash_bwd_params &params, cudaStream_t stream) {
-    // On Hopper the TMA backward; the FA2 backward elsewhere, under FLASHGPT_SM90_WS=0
-    // (there is no cp.async wgmma backward at head dim 64) and where a tensor breaks a TMA rule.
-    if (flash::sm90::use(flash::sm90::kBwd, 64, Is_causal, params.seqlen_k) && flash::sm90::ws_kernels() &&
+    // The Hopper kernel (hopper/dispatch.h); the FA2 one elsewhere and where a tensor breaks a TMA rule.
+    if (flash::sm90::use(flash::sm90::kBwd, 64, Is_causal, params.seqlen_k) &&
         run_flash_bwd_sm90_ws<T, 64, Is_causal>(params, stream))
         return;
     run_flash_bwd<BwdTraits<64, FLASH_BWD_HD64, T>, Is_causal>(params, stream);
@@ -67,24 +65,15 @@ using Bwd2dTraits = Flash_bwd_2d_kernel_traits<D, BM, BN, W, WK, T, DQM>;
 
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim96(Flash_bwd_params &params, cudaStream_t stream) {
-#ifdef FLASH_BWD2D_HD96
     run_flash_bwd_2d<Bwd2dTraits<96, FLASH_BWD2D_HD96, T>, BwdTraits<96, FLASH_BWD_HD96, T>, Is_causal>(
         params, stream);
-#else
-    run_flash_bwd<BwdTraits<96, FLASH_BWD_HD96, T>, Is_causal>(params, stream);
-#endif
 }
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim128(Flash_bwd_params &params, cudaStream_t stream) {
-    if (flash::sm90::use(flash::sm90::kBwd, 128, Is_causal, params.seqlen_k)) {  // hopper/dispatch.h
-        if (!(flash::sm90::ws_kernels() && run_flash_bwd_sm90_ws<T, 128, Is_causal>(params, stream)))
-            run_flash_bwd_sm90<T, 128, Is_causal>(params, stream);
+    // The Hopper kernel (hopper/dispatch.h); the FA2 one elsewhere and where a tensor breaks a TMA rule.
+    if (flash::sm90::use(flash::sm90::kBwd, 128, Is_causal, params.seqlen_k) &&
+        run_flash_bwd_sm90_ws<T, 128, Is_causal>(params, stream))
         return;
-    }
-#ifdef FLASH_BWD2D_HD128
     run_flash_bwd_2d<Bwd2dTraits<128, FLASH_BWD2D_HD128, T>, BwdTraits<128, FLASH_BWD_HD128, T>, Is_causal>(
         params, stream);
-#else
-    run_flash_bwd<BwdTraits<128, FLASH_BWD_HD128, T>, Is_causal>(params, stream);
-#endif
 }

@@ -7,14 +7,13 @@
 #include "static_switch.h"
 #include "tile_config.h"
 #include "hopper/dispatch.h"
-#include "hopper/flash_fwd_sm90.h"
 #include "hopper/flash_fwd_sm90_ws.h"
 
 template <typename Kt, bool Is_causal>
 void run_flash_fwd(Flash_fwd_params &params, cudaStream_t stream) {
     const int num_m_blocks = flash::cdiv(params.seqlen_q, Kt::kBlockM);
     // Query blocks reversed inside the kernel: longest (causal) first. Grid order: grid_order.h.
-    const dim3 grid = flash::tile_grid(params, num_m_blocks, /*default_group=*/1);
+    const dim3 grid = flash::tile_grid(params, num_m_blocks, /*group=*/1);
     const bool is_even = params.cu_seqlens_q == nullptr && params.seqlen_q % Kt::kBlockM == 0 &&
                          params.seqlen_k % Kt::kBlockN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
@@ -31,11 +30,10 @@ using FwdTraits = Flash_fwd_kernel_traits<D, BM, BN, W, T, MINB>;
 
 template <typename T, bool Is_causal>
 void run_mha_fwd_hdim64(Flash_fwd_params &params, cudaStream_t stream) {
-    if (flash::sm90::use(flash::sm90::kFwd, 64, Is_causal, params.seqlen_k)) {  // hopper/dispatch.h
-        if (!(flash::sm90::ws_kernels() && run_flash_fwd_sm90_ws<T, 64, Is_causal>(params, stream)))
-            run_flash_fwd_sm90<T, 64, Is_causal>(params, stream);
+    // The Hopper kernel (hopper/dispatch.h); the FA2 one elsewhere and where a tensor breaks a TMA rule.
+    if (flash::sm90::use(flash::sm90::kFwd, 64, Is_causal, params.seqlen_k) &&
+        run_flash_fwd_sm90_ws<T, 64, Is_causal>(params, stream))
         return;
-    }
     run_flash_fwd<FwdTraits<64, FLASH_FWD_HD64, T>, Is_causal>(params, stream);
 }
 template <typename T, bool Is_causal>
@@ -44,10 +42,9 @@ void run_mha_fwd_hdim96(Flash_fwd_params &params, cudaStream_t stream) {
 }
 template <typename T, bool Is_causal>
 void run_mha_fwd_hdim128(Flash_fwd_params &params, cudaStream_t stream) {
-    if (flash::sm90::use(flash::sm90::kFwd, 128, Is_causal, params.seqlen_k)) {  // hopper/dispatch.h
-        if (!(flash::sm90::ws_kernels() && run_flash_fwd_sm90_ws<T, 128, Is_causal>(params, stream)))
-            run_flash_fwd_sm90<T, 128, Is_causal>(params, stream);
+    // The Hopper kernel (hopper/dispatch.h); the FA2 one elsewhere and where a tensor breaks a TMA rule.
+    if (flash::sm90::use(flash::sm90::kFwd, 128, Is_causal, params.seqlen_k) &&
+        run_flash_fwd_sm90_ws<T, 128, Is_causal>(params, stream))
         return;
-    }
     run_flash_fwd<FwdTraits<128, FLASH_FWD_HD128, T>, Is_causal>(params, stream);
 }

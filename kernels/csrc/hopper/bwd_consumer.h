@@ -1,4 +1,4 @@
-// What a warpgroup of the Hopper backward kernels (flash_bwd_sm90.h, flash_bwd_sm90_ws.h) does per
+// What a warpgroup of the Hopper backward kernel (flash_bwd_sm90_ws.h) does per
 // query block: 64 keys (its half of the 128-key block) x 64 queries, head dim 128. (The TMA kernel at
 // head dim 64 takes 128 queries per block, NQ below, and dV / dK from shared memory: see
 // flash_bwd_sm90_ws.h; the helpers take the query count from their array sizes.)
@@ -122,22 +122,18 @@ __device__ __forceinline__ void issue_ss_over_queries(float (&acc)[D / 2], uint3
 }
 
 // dS^T = P^T o (dP^T - D) straight into A fragments, P^T from its fp32 registers (they fit without
-// spills as the loops do not hoist addresses, and skip 32 unpacks per block: +1-2%;
-// -DFLASHGPT_BWD_BF16_P unpacks the 16-bit fragments instead). sDs: the block's D entries.
+// spills as the loops do not hoist addresses, and skip 32 unpacks per block against reading the 16-bit
+// fragments back: +1-2%). sDs: the block's D entries.
 template <typename T, int N>
-__device__ __forceinline__ void make_dst(const uint32_t (&a_p)[N / 8][4], const float (&s)[N], const float (&dp)[N],
-                                         const float *sDs, int t, uint32_t (&a_ds)[N / 8][4]) {
+__device__ __forceinline__ void make_dst(const float (&s)[N], const float (&dp)[N], const float *sDs, int t,
+                                         uint32_t (&a_ds)[N / 8][4]) {
 #pragma unroll
     for (int kc = 0; kc < N / 8; ++kc)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {  // fragment e: n8 tile j = 2kc + e/2, rows +8*(e%2)
             const int j = 2 * kc + e / 2, i0 = 4 * j + 2 * (e % 2);
             const float2 dsum = *reinterpret_cast<const float2 *>(sDs + 8 * j + 2 * t);
-#ifdef FLASHGPT_BWD_BF16_P  // P^T read back from its 16-bit fragments (fewer live registers)
-            const float2 pp = unpack2<T>(a_p[kc][e]);
-#else
             const float2 pp = make_float2(s[i0], s[i0 + 1]);
-#endif
             a_ds[kc][e] = pack2<T>(pp.x * (dp[i0] - dsum.x), pp.y * (dp[i0 + 1] - dsum.y));
         }
 }

@@ -27,21 +27,16 @@ int seqlen_bucket(int seqlen_k) {
 }
 
 void set_sm90_choice(int pass, int head_dim, bool causal, int bucket, int choice) {
-    if (choice < -1 || choice > (pass == 1 && bucket > 0 ? 3 : 1)) {
-        throw std::invalid_argument("flashgpt: Hopper dispatch choice must be -1, 0 or 1 (the backward above 1k keys "
-                                    "also 2 or 3: lock-step or turns; at <= 1k the built-in threshold picks, "
-                                    "hopper/dispatch.h pingpong_backward)");
+    if (choice < -1 || choice > (pass == 1 ? 3 : 1)) {
+        throw std::invalid_argument("flashgpt: Hopper dispatch choice must be -1 (default), 0 (FA2) or 1 (Hopper); "
+                                    "the backward also 2 or 3 (Hopper, warpgroups in lock-step or taking turns)");
     }
     slot(pass, head_dim, causal, bucket) = static_cast<signed char>(choice);
 }
 
 int sm90_choice(int pass, int head_dim, bool causal, int bucket) { return slot(pass, head_dim, causal, bucket); }
 
-bool bwd_takes_turns(int head_dim, bool causal, int seqlen_q, int seqlen_k) {
-    return flash::sm90::pingpong_backward(head_dim, causal, seqlen_q, seqlen_k);
-}
-
 bool fwd_needs_tile_counter(int head_dim, bool causal, int seqlen_k, bool varlen) {
-    return flash::sm90::use(flash::sm90::kFwd, head_dim, causal, seqlen_k) && flash::sm90::ws_kernels() &&
-           flash::sm90::persistent_forward() && !flash::sm90::strided_forward(head_dim, causal, varlen);
+    return flash::sm90::use(flash::sm90::kFwd, head_dim, causal, seqlen_k) &&
+           !flash::sm90::strided_forward(head_dim, causal, varlen);
 }

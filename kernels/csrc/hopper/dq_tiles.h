@@ -5,7 +5,7 @@
 // bulk unit. In the row-major (b, s, h, d) layout a query's row is 512 bytes (256 at head dim 64)
 // away from the next one's, one bulk instruction each: 64 (128) instructions per block, ~3450 SM
 // clocks per 32 KB with all 132 SMs adding, ~4400 in the kernel beside its TMA
-// loads -- the step's critical path (dev/bwd_trace.cu: the consumers waited ~1200 of each ~5100-
+// loads -- the step's critical path (an SM-clock trace: the consumers waited ~1200 of each ~5100-
 // clock step for the bulk unit). Two 16 KB instructions move a block in ~2550: the backward runs at
 // 578 TFLOP/s against 481 with the row-major layout (head dim 128, causal 8k, H100).
 // So the accumulator is stored as whole query blocks ("tiles") of 8192 floats, 32 KB contiguous:

@@ -1,5 +1,5 @@
-// Hopper backward, warp-specialised: the wgmma backward of flash_bwd_sm90.h with its
-// memory traffic moved off the consumer warpgroups -- TMA loads of K, V, Q, dO, and dQ added to the
+// Hopper backward, warp-specialised: wgmma products, with the memory traffic moved off the consumer
+// warpgroups -- TMA loads of K, V, Q, dO, and dQ added to the
 // fp32 accumulator by bulk reduce-adds from shared memory instead of per-thread atomics.
 //
 // Head dims 64 and 128 (template D). Block: one key block of 128 keys of one (batch, head), BM
@@ -39,7 +39,7 @@
 #include "../static_switch.h"
 #include "../utils.h"
 #include "bwd_consumer.h"
-#include "dispatch.h"  // tma_store_epilogue
+#include "dispatch.h"  // pingpong_backward
 #include "dq_tiles.h"
 #include "tma.h"
 #include "wgmma.h"
@@ -47,27 +47,6 @@
 namespace flash {
 namespace sm90 {
 
-#ifdef FLASHGPT_BWD_TRACE
-// Diagnostic timeline (dev/bwd_trace.cu builds with -DFLASHGPT_BWD_TRACE; the extension never does):
-// the SM clock at each phase point of each step, written by lane 0 of warp 0 of each consumer
-// warpgroup ([0], [1]) and of the dQ warp ([2]) of one CTA: head 0 of batch 0, key block
-// g_bwd_trace_block. [w][it][point], points as named at each BWD_TRACE below.
-__device__ int g_bwd_trace_block;
-__device__ uint32_t g_bwd_trace[3][512][12];
-#define BWD_TRACE(on, w, it, point)                                                    \
-    do {                                                                               \
-        if (on) {                                                                      \
-            uint32_t c_;                                                               \
-            asm volatile("mov.u32 %0, %%clock;\n" : "=r"(c_)::"memory");              \
-            if ((it) < 512) g_bwd_trace[w][it][point] = c_;                            \
-        }                                                                              \
-    } while (0)
-#else
-#define BWD_TRACE(on, w, it, point) \
-    do {                            \
-        (void)(on);                 \
-    } while (0)
-#endif
 
 struct BwdTmaMaps {
     CUtensorMap q, k, v, dO;  // make_tile_map(): boxes of 64 columns x 64 (q, dO) / 128 (k, v) rows
@@ -123,11 +102,6 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     if (n_block * BN >= seq.sk) return;
     const BwdRange range = BwdRange::make<Is_causal>(seq, n_block, BM, BN);
     const BwdBlockPtrs<T> gp(params, seq, b, h, n_block, BN, D);
-#ifdef FLASHGPT_BWD_TRACE
-    const bool trace = tile.bh == 0 && n_block == g_bwd_trace_block && warp == 0 && lane == 0;
-#else
-    constexpr bool trace = false;
-#endif
 
     if (tid == 0) {
         mbar_init(kv_full, 1);
@@ -185,17 +159,10 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
                 mbar_arrive_if(q_full + 8 * s, true);
             }
         } else if (warp == 2) {  // dQ: shared memory -> dq_accum, bulk fp32 reduce-add
-#ifdef FLASHGPT_BWD_TRACE
-            const bool trace_dq = tile.bh == 0 && n_block == g_bwd_trace_block && lane == 0;
-#else
-            constexpr bool trace_dq = false;
-#endif
             float *dq_tile = params.dq_accum_ptr + dq_tiles::tile_offset(params, b, h, seq.q_start);
             for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
                 const int st = it % DQS;  // staging buffer
-                BWD_TRACE(trace_dq, 2, it, 0);  // dQ warp: 0 waits for the staged dQ
                 mbar_wait(dq_full + 8 * st, (it / DQS) & 1);
-                BWD_TRACE(trace_dq, 2, it, 1);  // 1 staged dQ in
                 int *sem = nullptr;
                 if (params.deterministic) {  // add in key-block order: after blocks 0..n_block-1
                     sem = params.dq_semaphore + (int64_t(b) * params.h + h) * cdiv(params.seqlen_q, BM) + m;
@@ -226,7 +193,6 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
                     __syncwarp();
                     mbar_arrive_if(dq_empty + 8 * ((it + DQS - 1) % DQS), lane == 0 && it > 0);
                 }
-                BWD_TRACE(trace_dq, 2, it, 2);  // 2 the bulk unit has read the previous block (DQS 1: this one)
             }
             bulk_wait_all();
         }
@@ -250,11 +216,9 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     auto st_dpt_exp = [&](int m, int it, auto &acc_s, auto &acc_dp) {
         const int s = it & 1;
         mbar_wait(q_full + 8 * s, (it >> 1) & 1);
-        BWD_TRACE(trace, cw, it, 9);  // 9 Q, dO, LSE, D in
         wgmma_fence();
         issue_st_dpt<T, D>(acc_s, acc_dp, k_rows, v_rows, sQ + s * L::Q, sdO + s * L::Q);
         wgmma_wait<1>();  // S^T has landed
-        BWD_TRACE(trace, cw, it, 10);  // 10 S^T landed
         const bool need_mask = (Is_causal && n_block * BN + BN - 1 > m * BM + range.causal_off) ||
                                (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk));
         exp_pt</*kLseLog2=*/true>(acc_s, sLSE + s * BM, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t,
@@ -287,7 +251,6 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     auto dq_product = [&](float (&acc_dq)[32], int it) {
         const int bd = it % 3;
         mbar_wait(ds_full + 8 * bd, (it / 3) & 1);
-        BWD_TRACE(trace, cw, it + 1, 6);  // 6 (in step it + 1) the previous block's dS^T halves are in
         wgmma_fence();
         if constexpr (D == 64) issue_dq<T>(acc_dq, s0 + L::dS + bd * L::DS + cw * BN * 128, sK);
         else issue_dq<T>(acc_dq, s0 + L::dS + bd * L::DS, k_cols);
@@ -299,13 +262,11 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             float acc_dq[32];
             dq_product(acc_dq, it - 1);
             wgmma_wait<0>();  // dV, dK of this block, dQ of the previous one
-            BWD_TRACE(trace, cw, it, 7);
             mbar_arrive_if(q_empty + 8 * s, true);                  // slot s is read
             mbar_arrive_if(ds_empty + 8 * ((it - 1) % 3), true);  // dS^T of block it - 1 is read
             stage_dq(acc_dq, it - 1);  // sub-tile cw
         } else {
             wgmma_wait<0>();
-            BWD_TRACE(trace, cw, it, 7);
             mbar_arrive_if(q_empty + 8 * s, true);
         }
     };
@@ -345,7 +306,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             issue_ss_over_queries<T, D, BM>(acc_dv, ds_rows, do_base);
             pass_turn(m);
             wgmma_wait<1>();  // dP^T has landed (dV may still run)
-            make_dst<T>(a_p, acc_s, acc_dp, sDs, t, a_ds);
+            make_dst<T>(acc_s, acc_dp, sDs, t, a_ds);
             wgmma_wait<0>();  // dV has read P^T: its rows take dS^T
             store_dst(sdS, a_ds, key_row0, g, t);
             fence_async_smem();  // dS^T stores -> visible to wgmma
@@ -382,7 +343,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             wgmma_fence();
             issue_ss_over_queries<T, D, BM>(acc_dv, ds_rows, do_base);
             wgmma_wait<1>();  // dP^T has landed (dV may still run)
-            make_dst<T>(a_p, acc_s, acc_dp, sDs, t, a_ds);
+            make_dst<T>(acc_s, acc_dp, sDs, t, a_ds);
             wgmma_wait<0>();  // dV has read P^T: its rows take dS^T
             store_dst(sdS, a_ds, key_row0, g, t);
             fence_async_smem();          // dS^T stores -> visible to wgmma
@@ -415,29 +376,22 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             const float *sDs = sDsum + s * BM;
 
             float acc_s[32], acc_dp[32];
-            BWD_TRACE(trace, cw, it, 0);
             take_turn(it);
             st_dpt_exp(m, it, acc_s, acc_dp);
-            BWD_TRACE(trace, cw, it, 1);
             uint32_t a_p[4][4], a_ds[4][4];
             to_a_fragments<T>(acc_s, a_p);
             wgmma_fence();
             issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
             pass_turn(m);
-            BWD_TRACE(trace, cw, it, 2);
             wgmma_wait<1>();  // dP^T has landed (dV may still run)
-            BWD_TRACE(trace, cw, it, 3);
-            make_dst<T>(a_p, acc_s, acc_dp, sDs, t, a_ds);
+            make_dst<T>(acc_s, acc_dp, sDs, t, a_ds);
             wgmma_fence();
             issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
-            BWD_TRACE(trace, cw, it, 4);
             mbar_wait(ds_empty + 8 * bd, ((it / 3) & 1) ^ 1);  // both warpgroups' dQ of block it - 3 read it
             store_dst(smem + L::dS + bd * L::DS, a_ds, key_row0, g, t);
             fence_async_smem();  // dS^T stores -> visible to wgmma
             mbar_arrive_if(ds_full + 8 * bd, true);
-            BWD_TRACE(trace, cw, it, 5);
             finish_step(it, s);
-            BWD_TRACE(trace, cw, it, 8);
         }
         last_dq(steps);
     } else
@@ -448,35 +402,26 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         uint8_t *sdS = smem + L::dS + s * L::DS;
 
         float acc_s[32], acc_dp[32];
-        BWD_TRACE(trace, cw, it, 0);  // consumers: 0 step start
         st_dpt_exp(m, it, acc_s, acc_dp);
-        BWD_TRACE(trace, cw, it, 1);  // 1 P^T computed (Q/dO in, S^T landed, exp done)
         uint32_t a_p[4][4], a_ds[4][4];
         to_a_fragments<T>(acc_s, a_p);
         wgmma_fence();
         issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
-        BWD_TRACE(trace, cw, it, 2);  // 2 dV issued
         wgmma_wait<1>();  // dP^T has landed (dV may still run)
-        BWD_TRACE(trace, cw, it, 3);  // 3 dP^T landed
-        make_dst<T>(a_p, acc_s, acc_dp, sDs, t, a_ds);
+        make_dst<T>(acc_s, acc_dp, sDs, t, a_ds);
         wgmma_fence();
         issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
-        BWD_TRACE(trace, cw, it, 4);  // 4 dS^T computed, dK issued
         store_dst(sdS, a_ds, key_row0, g, t);
         fence_async_smem();          // dS^T stores -> visible to wgmma
-        BWD_TRACE(trace, cw, it, 5);  // 5 dS^T stored
         named_barrier_sync(1, 256);  // both consumer warpgroups' halves of dS^T are in
-        BWD_TRACE(trace, cw, it, 6);  // 6 barrier passed
 
         float acc_dq[32];
         wgmma_fence();
         issue_dq<T>(acc_dq, smem_u32(sdS), k_cols);
         wgmma_wait<0>();  // dQ, dV and dK of this block: slot s is read
-        BWD_TRACE(trace, cw, it, 7);  // 7 dV, dK, dQ landed
         mbar_arrive_if(q_empty + 8 * s, true);
 
         stage_dq(acc_dq, it);  // sub-tile cw: head-dim columns 64cw..
-        BWD_TRACE(trace, cw, it, 8);  // 8 dQ staged
     }
     // Epilogue through shared memory (as the forward's): this warpgroup's dK and dV go into its own
     // rows of the K and V tiles, then TMA stores of 64 x 64 boxes. V's rows were read only by this
@@ -532,12 +477,11 @@ bool run_flash_bwd_sm90_ws(Flash_bwd_params &params, cudaStream_t stream) {
                        params.v_head_stride, params.v_batch_stride, kBwsBN))
         return false;
     // dK / dV per query head (the binding sums them over a key/value head's group when h > h_k).
-    maps.dkv_ok = tma_store_epilogue() &&
-                  make_tile_map(&maps.dk, params.dk_ptr, bf16, D, k_rows, params.h, batch, params.dk_row_stride,
+    maps.dkv_ok = make_tile_map(&maps.dk, params.dk_ptr, bf16, D, k_rows, params.h, batch, params.dk_row_stride,
                                 params.dk_head_stride, params.dk_batch_stride, 64) &&
                   make_tile_map(&maps.dv, params.dv_ptr, bf16, D, k_rows, params.h, batch, params.dv_row_stride,
                                 params.dv_head_stride, params.dv_batch_stride, 64);
-    const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_k, kBwsBN), /*default_group=*/2);
+    const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_k, kBwsBN), /*group=*/2);
     const bool is_even = !varlen && params.seqlen_q % BwsSmem<D>::BM == 0 && params.seqlen_k % kBwsBN == 0;
     const bool pingpong = pingpong_backward(D, params.is_causal, params.seqlen_q, params.seqlen_k);
     BOOL_SWITCH(is_even, Is_even, [&] {

@@ -1,6 +1,6 @@
-// Hopper forward, warp-specialised: the wgmma forward of flash_fwd_sm90.h with its
-// loads moved to a producer warpgroup that drives the TMA, so the consumer warpgroups never wait
-// for each other at a block-wide barrier -- each proceeds as soon as its tiles have landed.
+// Hopper forward, warp-specialised: wgmma products, with the loads in a producer warpgroup that
+// drives the TMA, so the consumer warpgroups never wait for each other at a block-wide barrier --
+// each proceeds as soon as its tiles have landed.
 //
 // Block: 1 + NC warpgroups (NC = 2 consumers at head dim 128: 384 threads; at head dim 64 3, 512
 // threads). Under a causal mask each consumer warpgroup skips the key tiles its rows do not see,
@@ -9,9 +9,9 @@
 // Warpgroup 0, the producer, gives its registers away (setmaxnreg 24) and one of its threads
 // issues every TMA load: Q once per tile, then K_it and V_it for each key tile into a ring of kStages
 // buffers each. Warpgroups 1..NC, the consumers (setmaxnreg 240 / 160), own query rows 64 (w - 1) ..
-// 64 w - 1 of the 64 NC-row block and run the same per-tile steps as the cp.async kernel
-// (fwd_consumer.h): S_it = Q K_it^T and O += P_{it-1} V_{it-1} issued together, the softmax of S_it
-// overlapping the PV product; with pingpong they take turns to issue, round robin.
+// 64 w - 1 of the 64 NC-row block and run the per-tile steps of fwd_consumer.h: S_it = Q K_it^T and
+// O += P_{it-1} V_{it-1} issued together, the softmax of S_it overlapping the PV product; they take
+// turns to issue, round robin (pingpong).
 // Synchronisation, all on mbarriers (tma.h), per ring slot s:
 //   k_full[s], v_full[s]: 1 arrival (the producer's expect-tx) + the tile's bytes from the TMA;
 //   k_empty[s], v_empty[s]: 4 NC arrivals, lane 0 of each consumer warp once its wgmma reading the slot
@@ -23,7 +23,7 @@
 // Q is double-buffered: the producer loads the next tile's Q and first K/V while the consumers finish
 // the current tile, and each consumer warpgroup stages its O rows in the current Q buffer for the
 // TMA store, freeing the buffer (q_empty) once the store has read it. No CTA start-up, barrier setup
-// or epilogue stands between two tiles of an SM. FLASHGPT_SM90_PERSISTENT=0: one CTA per tile.
+// or epilogue stands between two tiles of an SM.
 // Shared memory (128B-swizzled, wgmma.h): 2 x Q 64 NC x D, kStages x (K, V) 128 x D, the barriers,
 // the two tiles, decoded by the producer.
 #pragma once
@@ -41,57 +41,6 @@
 namespace flash {
 namespace sm90 {
 
-#ifdef FLASHGPT_FWD_TRACE
-// Diagnostic timeline (dev/fwd_trace.cu builds with -DFLASHGPT_FWD_TRACE; the extension never does).
-// Per CTA (linear launch index, up to 64K): SM id and SM clocks at entry, Q and K_0 landed, each
-// consumer warpgroup's loop end and exit ([cta][2 + 2 cw], [cta][3 + 2 cw]), and the global timer (ns) at entry / exit.
-// Per step of one CTA (head 0 of batch 0, query block g_fwd_trace_block), per consumer warpgroup:
-// the SM clock at the points named at each FWD_TRACE below. Per tile of the first persistent CTA
-// (blockIdx.x 0, its first 256 tiles), per consumer warpgroup: the SM clock at the points named at each
-// FWD_TILE_TRACE below ([n][cw][0..6]) and the tile's key tiles, this warpgroup's first ([n][cw][7]: n_tiles
-// << 16 | it0).
-__device__ int g_fwd_trace_block;
-__device__ long long g_fwd_tile_clk[256][3][8];
-__device__ uint32_t g_fwd_trace[3][1024][8];
-__device__ long long g_fwd_cta_clk[65536][8];
-__device__ unsigned long long g_fwd_cta_ns[65536][2];
-__device__ int g_fwd_cta_sm[65536];
-__device__ __forceinline__ int fwd_cta_index() { return int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)); }
-__device__ __forceinline__ unsigned long long fwd_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-    return t;
-}
-#define FWD_TRACE(on, w, it, point)                                                    \
-    do {                                                                               \
-        if (on) {                                                                      \
-            uint32_t c_;                                                               \
-            asm volatile("mov.u32 %0, %%clock;\n" : "=r"(c_)::"memory");              \
-            if ((it) < 1024) g_fwd_trace[w][it][point] = c_;                           \
-        }                                                                              \
-    } while (0)
-#define FWD_CTA_TRACE(on, point)                                                       \
-    do {                                                                               \
-        if (on && fwd_cta_index() < 65536) g_fwd_cta_clk[fwd_cta_index()][point] = clock64(); \
-    } while (0)
-#define FWD_TILE_TRACE(on, n, cw, point, value)                                        \
-    do {                                                                               \
-        if (on && (n) < 256) g_fwd_tile_clk[n][cw][point] = (value);                   \
-    } while (0)
-#else
-#define FWD_TRACE(on, w, it, point) \
-    do {                            \
-        (void)(on);                 \
-    } while (0)
-#define FWD_CTA_TRACE(on, point) \
-    do {                         \
-        (void)(on);              \
-    } while (0)
-#define FWD_TILE_TRACE(on, n, cw, point, value) \
-    do {                                        \
-        (void)(on);                             \
-    } while (0)
-#endif
 
 struct FwdTmaMaps {
     CUtensorMap q, k, v;  // make_tile_map(): {d, rows, heads, batch}, boxes of 64 columns x 128 rows
@@ -145,8 +94,7 @@ __device__ __forceinline__ int2 block_rows(int m_block, int sq) {
 }
 
 // NC consumer warpgroups, each owning 64 query rows of the block: two at head dim 128; at head dim 64
-// three (the default: fwd_warpgroups_hd64 in dispatch.h), where a
-// key tile's products take half as long as at 128 for the same softmax work, so two warpgroups'
+// three (run_flash_fwd_sm90_ws), where a key tile's products take half as long as at 128 for the same softmax work, so two warpgroups'
 // products are needed to cover one warpgroup's softmax (FlashAttention-3's choice).
 template <int NC> constexpr int kWsThreads = 128 * (1 + NC);
 template <int NC> constexpr int kWsBM = 64 * NC;  // query rows per tile
@@ -166,7 +114,7 @@ constexpr int kWsBarrierOffset = kWsQBufs * kWsQTileBytes<D, NC> + 2 * kWsStages
 template <int D, int NC>
 constexpr int kWsSmemBytes = kWsBarrierOffset<D, NC> + (2 * kWsQBufs + 4 * kWsStages<D>) * 8 + kWsQBufs * 16;
 
-template <typename T, int D, int NC, bool Is_causal, bool Is_even, bool Pingpong, bool Short_first = false,
+template <typename T, int D, int NC, bool Is_causal, bool Is_even, bool Short_first = false,
           bool Strided = false>
 __global__ void __launch_bounds__(kWsThreads<NC>, 1)
     flash_fwd_sm90_ws_kernel(const __grid_constant__ Flash_fwd_params params, const __grid_constant__ FwdTmaMaps maps,
@@ -186,18 +134,9 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
     // Per Q buffer, the tile it holds, decoded by the producer: m_block (-1: no more tiles), b, h,
     // and its key tiles (-1: a block past a packed sequence's end). Decoding in the consumers would put
     // ~8 integer divisions, a dependent chain of ~1200 clocks, between two tiles while the other
-    // warpgroup waits at the same boundary (measured with dev/fwd_trace.cu's per-tile timeline).
+    // warpgroup waits at the same boundary (measured with an SM-clock timeline per tile).
     volatile int *tile_info = reinterpret_cast<volatile int *>(smem + kWsBarrierOffset<D, NC> + (2 * kWsQBufs + 4 * S) * 8);
 
-#ifdef FLASHGPT_FWD_TRACE
-    if (threadIdx.x == 0 && fwd_cta_index() < 65536) {
-        int sm;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        g_fwd_cta_sm[fwd_cta_index()] = sm;
-        g_fwd_cta_ns[fwd_cta_index()][0] = fwd_ns();
-    }
-#endif
-    FWD_CTA_TRACE(threadIdx.x == 0, 0);  // CTA: 0 entry
     // wg and warp through a shuffle: provably warp-uniform, so what derives from them (shared-memory
     // addresses, wgmma descriptors) stays in uniform registers.
     const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0),
@@ -314,19 +253,19 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
     const bool release = lane == 0;        // one arrival per consumer warp on the empty barriers
     const bool leader = warp == 0 && lane == 0;  // issues this warpgroup's TMA stores, frees its Q buffer
 
-    // Pingpong (Pingpong = true): the consumer warpgroups take turns, round robin, to issue their
+    // Pingpong: the consumer warpgroups take turns, round robin, to issue their
     // products -- named barrier 2 + cw is "warpgroup cw's turn", passed on by the previous warpgroup's
     // arrival -- so one's softmax runs while the others' products keep the tensor cores busy.
     // Warpgroup 0 starts; turns carry on from tile to tile (all take the same number per tile), and
     // the last turn passed by warpgroup NC - 1 is consumed by warpgroup 0 after the last tile, so the
     // barriers end balanced.
     auto take_turn = [&] {
-        if constexpr (Pingpong) named_barrier_sync(2 + cw, 256);
+        named_barrier_sync(2 + cw, 256);
     };
     auto pass_turn = [&] {
-        if constexpr (Pingpong) named_barrier_arrive(2 + (cw + 1) % NC, 256);
+        named_barrier_arrive(2 + (cw + 1) % NC, 256);
     };
-    if (Pingpong && cw == NC - 1) named_barrier_arrive(2, 256);
+    if (cw == NC - 1) named_barrier_arrive(2, 256);
 
     // Q buffer whose O rows this warpgroup staged for a TMA store not yet known to be read (-1: none).
     // Freed lazily -- after the next tile's first products are issued -- so the wait for the TMA's
@@ -372,14 +311,6 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
             free_q_now(qb);
             continue;
         }
-#ifdef FLASHGPT_FWD_TRACE
-        const bool trace = b == 0 && h == 0 && m_block == g_fwd_trace_block && warp == 0 && lane == 0;
-        const bool trace_cta = warp == 0 && lane == 0;
-        const bool trace_tile = trace_cta && blockIdx.x == 0 && tiles.counter != nullptr;
-#else
-        constexpr bool trace = false, trace_cta = false, trace_tile = false;
-#endif
-        FWD_TILE_TRACE(trace_tile, n, cw, 0, clock64());  // tile 0: the tile read (Q landed)
         auto slot = [&](int it) { return (kv + it) % S; };
         auto full_parity = [&](int it) { return uint32_t(((kv + it) / S) & 1); };
         // Tile `it` passed through without products: its turn taken and passed (the round robin stays
@@ -441,14 +372,11 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
             // at N = 64 and, when this is also its last tile, its PV on 64 keys: half the products of
             // the step that opens each tile (diagonal first). Head dim 128 only: at 64 (every other
             // warpgroup of the 192-row blocks) the half products save less than the boundary's second
-            // code path costs (H100 harness: causal 1k -2 to -3%, 2k / 8k -1%). And only with the
-            // pingpong: without it (FLASHGPT_SM90_PINGPONG=0) ptxas serialises the kernel's wgmmas (C7511).
-            if constexpr (D == 128 && Pingpong) half0 = last_key < key_block(it0) * BN + 64;
+            // code path costs (H100 harness: causal 1k -2 to -3%, 2k / 8k -1%).
+            if constexpr (D == 128) half0 = last_key < key_block(it0) * BN + 64;
         }
         for (int it = 0; it < it0; ++it) pass_tile(it);
         mbar_wait(k_full + 8 * slot(it0), full_parity(it0));
-        FWD_CTA_TRACE(trace_cta && cw == 0 && n == 0, 1);  // CTA: 1 Q and K_0 landed
-        FWD_TILE_TRACE(trace_tile, n, cw, 1, clock64());   // tile 1: first key tile landed (skipped ones passed)
         take_turn();
         if (half0) {
             wgmma_fence();
@@ -460,42 +388,30 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
             wgmma_fence();
             issue_qk<T, D>(acc_s, q_base, sK + slot(it0) * kTile);
             pass_turn();
-            FWD_TILE_TRACE(trace_tile, n, cw, 2, clock64());  // tile 2: first QK^T issued (turn taken)
             free_staged_q();  // the previous tile's O store has long been read; its Q buffer can refill
             wgmma_wait<0>();
         }
         mbar_arrive_if(k_empty + 8 * slot(it0), release);
         softmax(it0);
         st.rescale_o_and_pack_p(acc_s, p);
-        FWD_TILE_TRACE(trace_tile, n, cw, 3, clock64());  // tile 3: first softmax done
-        FWD_TILE_TRACE(trace_tile, n, cw, 7, (long long)n_tiles << 16 | it0);
         for (int it = it0 + 1; it < n_tiles; ++it) {  // peeled: the same wgmma groups in flight on every path
             const int s = slot(it), sp = slot(it - 1);
-            FWD_TRACE(trace, cw, it, 0);  // 0 step start
             mbar_wait(k_full + 8 * s, full_parity(it));
             mbar_wait(v_full + 8 * sp, full_parity(it - 1));
-            FWD_TRACE(trace, cw, it, 1);  // 1 K_it, V_it-1 in
             take_turn();
-            FWD_TRACE(trace, cw, it, 2);  // 2 turn taken
             wgmma_fence();
             issue_qk<T, D>(acc_s, q_base, sK + s * kTile);
             issue_pv<T, D>(st.acc_o, p, sV + sp * kTile);
             pass_turn();
-            FWD_TRACE(trace, cw, it, 3);  // 3 QK, PV issued
             wgmma_wait<1>();  // S_it has landed: K slot s is free; PV_{it-1} still runs during the softmax
-            FWD_TRACE(trace, cw, it, 4);  // 4 S landed
             mbar_arrive_if(k_empty + 8 * s, release);
             softmax(it);
-            FWD_TRACE(trace, cw, it, 5);  // 5 softmax done
             wgmma_wait<0>();
-            FWD_TRACE(trace, cw, it, 6);  // 6 PV landed
             mbar_arrive_if(v_empty + 8 * sp, release);
             st.rescale_o_and_pack_p(acc_s, p);
-            FWD_TRACE(trace, cw, it, 7);  // 7 O rescaled, P packed
         }
         const int sl = slot(n_tiles - 1);
         mbar_wait(v_full + 8 * sl, full_parity(n_tiles - 1));
-        FWD_TILE_TRACE(trace_tile, n, cw, 4, clock64());  // tile 4: steady steps done, last V landed
         take_turn();
         if (half0 && it0 == n_tiles - 1) {  // the diagonal tile was this warpgroup's only one
             wgmma_fence();
@@ -508,10 +424,8 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
             pass_turn();
             wgmma_wait<0>();
         }
-        FWD_TILE_TRACE(trace_tile, n, cw, 5, clock64());  // tile 5: last PV landed
         mbar_arrive_if(v_empty + 8 * sl, release);
         kv += n_tiles;
-        FWD_CTA_TRACE(trace_cta, 2 + 2 * cw);  // CTA: 2 / 4 warpgroup 1 / 2's loop done (last PV landed)
         if (maps.o_ok && fb.rows_left >= 64 * cw + 64) {
             // Epilogue through shared memory: this warpgroup's 64 rows of O go into its own rows of the
             // tile's Q buffer (only it read them, and its last QK^T has completed), then two (head dim
@@ -534,14 +448,9 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
             st.store(fb.o, params.o_row_stride, fb.lse, params.scale_softmax, row0, fb.rows_left, g, t);
         }
         staged_qb = qb;
-        FWD_CTA_TRACE(trace_cta, 3 + 2 * cw);  // CTA: 3 / 5 warpgroup 1 / 2 stored O
-        FWD_TILE_TRACE(trace_tile, n, cw, 6, clock64());  // tile 6: O stored (TMA store issued)
     }
     free_staged_q();  // the last O store has read shared memory before the CTA exits
-    if (Pingpong && cw == 0) named_barrier_sync(2, 256);
-#ifdef FLASHGPT_FWD_TRACE
-    if (warp == 0 && lane == 0 && cw == NC - 1 && fwd_cta_index() < 65536) g_fwd_cta_ns[fwd_cta_index()][1] = fwd_ns();
-#endif
+    if (cw == 0) named_barrier_sync(2, 256);
 #else
     __trap();
 #endif
@@ -568,50 +477,45 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
         !make_tile_map(&maps.v, params.v_ptr, bf16, D, k_rows, params.h_k, batch, params.v_row_stride,
                        params.v_head_stride, params.v_batch_stride, kWsBN))
         return false;
-    maps.o_ok = tma_store_epilogue() &&
-                make_tile_map(&maps.o, params.o_ptr, bf16, D, q_rows, params.h, batch, params.o_row_stride,
+    maps.o_ok = make_tile_map(&maps.o, params.o_ptr, bf16, D, q_rows, params.h, batch, params.o_row_stride,
                               params.o_head_stride, params.o_batch_stride, 64);
-    const dim3 order = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM<NC>), /*default_group=*/2);
+    const dim3 order = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM<NC>), /*group=*/2);
     FwdTiles tiles{int(order.x), int(order.y), int(order.x * order.y * order.z), nullptr};
     int ctas = tiles.num_tiles;
     const bool strided = strided_forward(D, Is_causal, varlen);  // FwdTiles
     if (strided) {
         ctas = std::min(ctas, sm_count());
-    } else if (params.tile_counter != nullptr && persistent_forward()) {  // one CTA per SM walks the list
+    } else if (params.tile_counter != nullptr) {  // one CTA per SM walks the list
         ctas = std::min(ctas, sm_count());
         tiles.counter = params.tile_counter;  // zero, as every launch leaves it
-        if (env_is("FLASHGPT_SM90_FWD_MEMSET", "1"))  // A/B only: a memset per launch (bench/kernel_sweep.py --compare-memset)
-            FLASH_CHECK_CUDA(cudaMemsetAsync(tiles.counter, 0, 2 * sizeof(int), stream));
     }
     // Is_even: no key tile runs past the keys (only the softmax's key mask reads it; rows past seqlen_q
     // are zero-filled by the TMA and never stored, so seqlen_q need not be a multiple of BM).
     const bool is_even = !varlen && params.seqlen_k % kWsBN == 0;
     BOOL_SWITCH(is_even, Is_even, [&] {
-        BOOL_SWITCH(pingpong_forward(), Pingpong, [&] {
-            auto launch = [&](auto short_first, auto strided_tag) {
-                auto kernel = &flash_fwd_sm90_ws_kernel<T, D, NC, Is_causal, Is_even, Pingpong,
-                                                        decltype(short_first)::value, decltype(strided_tag)::value>;
-                FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                      kWsSmemBytes<D, NC>));
-                kernel<<<ctas, kWsThreads<NC>, kWsSmemBytes<D, NC>, stream>>>(params, maps, tiles);
-                FLASH_KERNEL_LAUNCH_CHECK();
-            };
-            // The short-first block layout (block_rows) where every sequence has at most
-            // kShortFirstMaxRows rows (varlen: seqlen_q is the longest); otherwise blocks at multiples of BM.
-            if constexpr (NC == 3 && Is_causal) {
-                if (params.seqlen_q <= kShortFirstMaxRows) {
-                    launch(std::true_type{}, std::false_type{});
-                    return;
-                }
+        auto launch = [&](auto short_first, auto strided_tag) {
+            auto kernel = &flash_fwd_sm90_ws_kernel<T, D, NC, Is_causal, Is_even, decltype(short_first)::value,
+                                                    decltype(strided_tag)::value>;
+            FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  kWsSmemBytes<D, NC>));
+            kernel<<<ctas, kWsThreads<NC>, kWsSmemBytes<D, NC>, stream>>>(params, maps, tiles);
+            FLASH_KERNEL_LAUNCH_CHECK();
+        };
+        // The short-first block layout (block_rows) where every sequence has at most
+        // kShortFirstMaxRows rows (varlen: seqlen_q is the longest); otherwise blocks at multiples of BM.
+        if constexpr (NC == 3 && Is_causal) {
+            if (params.seqlen_q <= kShortFirstMaxRows) {
+                launch(std::true_type{}, std::false_type{});
+                return;
             }
-            if constexpr (D == 128 && !Is_causal) {
-                if (strided) {
-                    launch(std::false_type{}, std::true_type{});
-                    return;
-                }
+        }
+        if constexpr (D == 128 && !Is_causal) {
+            if (strided) {
+                launch(std::false_type{}, std::true_type{});
+                return;
             }
-            launch(std::false_type{}, std::false_type{});
-        });
+        }
+        launch(std::false_type{}, std::false_type{});
     });
     return true;
 }
@@ -620,13 +524,11 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
 }  // namespace flash
 
 // Launches the warp-specialised forward; false (nothing launched) when a tensor breaks a TMA rule --
-// the caller then runs the cp.async kernel. Head dim 64 takes two or three consumer warpgroups as
-// dispatch.h's fwd_warpgroups_hd64 says.
+// the caller then runs the FA2 kernel. Consumer warpgroups: 2 at head dim 128 (128-row query blocks),
+// 3 at head dim 64 (192 rows; ahead of 2 at every size on an H100: +2.5% causal 512 / 1k, +5% 2k / 4k;
+// under a causal mask each warpgroup skips the key tiles its own rows do not see, so the larger
+// block's padding costs little).
 template <typename T, int D, bool Is_causal>
 bool run_flash_fwd_sm90_ws(Flash_fwd_params &params, cudaStream_t stream) {
-    if constexpr (D == 64) {
-        if (flash::sm90::fwd_warpgroups_hd64() == 3)
-            return flash::sm90::launch_fwd_ws<T, D, 3, Is_causal>(params, stream);
-    }
-    return flash::sm90::launch_fwd_ws<T, D, 2, Is_causal>(params, stream);
+    return flash::sm90::launch_fwd_ws<T, D, D == 64 ? 3 : 2, Is_causal>(params, stream);
 }

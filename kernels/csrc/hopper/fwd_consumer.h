@@ -1,4 +1,4 @@
-// What a warpgroup of the Hopper forward kernels (flash_fwd_sm90.h, flash_fwd_sm90_ws.h) does per
+// What a warpgroup of the Hopper forward kernel (flash_fwd_sm90_ws.h) does per
 // key tile: the two products on wgmma, and per warp the masking of one 64 x 128 S tile, the online softmax, O's rescale, P's conversion to wgmma A
 // fragments, and the epilogue. Register layout: the m64nNk16 accumulator of wgmma.h -- this thread
 // holds rows g and g + 8 of its warp's 16 rows (hr = 0, 1), columns 8j + 2t + {0, 1}.

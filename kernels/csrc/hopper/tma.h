@@ -6,7 +6,7 @@
 // into shared memory with the 128-byte swizzle -- exactly one "atom column" of the layout wgmma reads
 // (wgmma.h): element (r, c) of the box lands at r * 128 + (((c / 8) ^ (r % 8)) * 16) + (c % 8) * 2.
 // Rows past the tensor's end are zero-filled by the hardware. It returns false (the caller then runs
-// the cp.async kernel) when the tensor breaks a TMA rule: base address or a stride not a multiple of
+// the FA2 kernel, or stores directly) when the tensor breaks a TMA rule: base address or a stride not a multiple of
 // 16 bytes.
 // Device: mbarrier init / arrive / expect-tx / parity wait, the 4-d TMA load, the bulk fp32 reduce-add
 // (dQ of the backward), named barriers, register reallocation.

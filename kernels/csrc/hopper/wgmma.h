@@ -1,7 +1,6 @@
 // Hopper (sm_90a) building blocks for the wgmma kernels: warpgroup MMA (wgmma) on bf16/fp16 with
 // fp32 accumulators, shared-memory matrix descriptors, and the 128-byte swizzle they read.
-// Checked by kernels/csrc/hopper/wgmma_probe.cu (tests/kernels/test_wgmma_probe_gpu.py) and used by
-// hopper/flash_fwd_sm90.h and hopper/flash_bwd_sm90.h.
+// Used by hopper/flash_fwd_sm90_ws.h and hopper/flash_bwd_sm90_ws.h.
 //
 // Shared-memory tiles ("128B-swizzled atoms"): a tile of R rows x 64 16-bit elements (128 bytes per
 // row) is stored row after row; within each 1024-byte group of 8 rows, the 16-byte chunk c of row r
