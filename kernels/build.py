@@ -67,25 +67,6 @@ def cublaslt_ldflags() -> list[str]:
     return []
 
 
-def cutlass_include_dirs() -> list[Path]:
-    """CUTLASS 3's headers for the fused dgelu GEMM (csrc/mlp/dgelu_gemm*.cu): $FLASHGPT_CUTLASS_DIR (a
-    CUTLASS source tree) if set, else the `nvidia-cutlass` wheel's copy (cutlass_library/source; located,
-    not imported: importing it needs cuda-python). Empty when neither is there: the extension then builds
-    without the fused GEMM and the MLP's backward keeps a separate GEMM and GELU-backward kernel."""
-    import importlib.util
-
-    root = os.environ.get("FLASHGPT_CUTLASS_DIR")
-    if root:
-        base = Path(root)
-    else:
-        spec = importlib.util.find_spec("cutlass_library")
-        if spec is None or not spec.submodule_search_locations:
-            return []
-        base = Path(list(spec.submodule_search_locations)[0]) / "source"
-    dirs = [base / "include", base / "tools" / "util" / "include"]
-    return dirs if (dirs[0] / "cutlass" / "cutlass.h").is_file() else []
-
-
 def source_hash() -> str:
     h = hashlib.sha256()
     for p in sorted(CSRC.rglob("*")):
@@ -93,7 +74,6 @@ def source_hash() -> str:
             h.update(str(p.relative_to(CSRC)).encode())
             h.update(p.read_bytes())
     h.update(" ".join(CXX_FLAGS + NVCC_FLAGS).encode())
-    h.update(b"cutlass" if cutlass_include_dirs() else b"")  # with or without the fused dgelu GEMM
     return h.hexdigest()[:16]
 
 
@@ -146,16 +126,13 @@ def load_extension(verbose: bool = False) -> ModuleType:
         # The Hopper (wgmma) kernels exist only in sm_90a code; the host-side dispatch picks them
         # only when the build has it (csrc/hopper/dispatch.h).
         hopper = ["-DFLASHGPT_HAS_SM90A"] if "9.0a" in os.environ["TORCH_CUDA_ARCH_LIST"] else []
-        cutlass = cutlass_include_dirs()
-        if cutlass:
-            hopper.append("-DFLASHGPT_HAS_CUTLASS")
         try:
             _ext = cpp_extension.load(
                 name="flashgpt_fa2_" + source_hash(),
                 sources=[str(s) for s in sources()],
                 extra_cflags=CXX_FLAGS,
                 extra_cuda_cflags=NVCC_FLAGS + hopper,
-                extra_include_paths=[str(CSRC), *(str(d) for d in cutlass)],
+                extra_include_paths=[str(CSRC)],
                 extra_ldflags=cublaslt_ldflags(),
                 build_directory=str(out),
                 verbose=verbose,

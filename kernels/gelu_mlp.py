@@ -7,13 +7,8 @@ backward per layer on an H100):
             (cuBLASLt's GELU_AUX_BIAS epilogue), instead of a bias GEMM and a GELU kernel;
   backward  one kernel (csrc/mlp/gelu_backward.cu) writes dpre = dg * gelu'(pre) and sums b1's
             gradient on the way, instead of a GELU-backward kernel and a reduction reading dpre again.
-            (cuBLASLt's DGELU_BGRAD / BGRADB epilogues would fold these into the GEMMs, but on an H100
-            its picks run them as separate kernels, slower than these: kernels/NOTES.md.)
-            Opt-in (`set_dgelu_gemm(i)` or FLASHGPT_DGELU_GEMM=i; Hopper, bf16, CUTLASS's headers at
-            build time from the `nvidia-cutlass` wheel): the product dg = dy w2 does that pass in its
-            epilogue (csrc/mlp/dgelu_gemm*.cu), so dg is never written or read back. Off by default:
-            on an H100 no variant beat cuBLAS's GEMM + this pass at the 2.7B-8k shape
-            (bench/RESULTS.md).
+            (cuBLASLt's GELU-backward / bias-gradient epilogues would fold these into the GEMMs, but
+            on an H100 its picks run them as separate kernels, slower than these: docs/kernels.md.)
 What the backward keeps is the same as the compiled plain MLP's: x, pre and g (g for w2's gradient).
 With recompute_gelu=True it keeps x and pre only (4 d-units per token less, d-units as in
 dev/saved_activations.py), and the backward's GELU pass, which reads pre anyway, writes g again for
@@ -29,7 +24,6 @@ Ops (torch.library.custom_op, fake kernels for torch.compile, autograd registere
                        main_grad2 (d, h)?, save_gelu) -> (y (M, d), pre, g (M, h))
     flashgpt::gelu_backward_bias(dg (M, h), pre (M, h)) -> (dpre (M, h), partial (R, h) fp32)
     flashgpt::gelu_backward_bias_gelu(dg, pre) -> (dpre, partial, g = gelu_tanh(pre) (M, h))
-    flashgpt::dgelu_gemm(dy (M, d), w2 (d, h), pre (M, h), variant) -> (dpre (M, h), db1 (h) fp32)
 The backward's products (dg, dx, dw1, dw2) and b2's gradient are ordinary torch ops, which
 torch.compile traces as it does for the plain MLP.
 
@@ -39,7 +33,6 @@ d and h multiples of 8, contiguous weights. `gelu_mlp` falls back to the plain t
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -50,26 +43,6 @@ from .wgrad import accumulate as wgrad_accumulate, accumulate_op as wgrad_accumu
 from .wgrad import linear as wgrad_linear
 
 _DTYPES = (torch.float16, torch.bfloat16)
-# Which fused dgelu GEMM the backward runs (csrc/mlp/dgelu_gemm.cu's table; the extension's
-# dgelu_gemm_variant_name(i) names them), -1 (the default) for none. Read when the backward is traced:
-# after changing it, a compiled model needs torch._dynamo.reset() to pick it up.
-_dgelu_variant = int(os.environ.get("FLASHGPT_DGELU_GEMM", "-1"))
-
-
-def set_dgelu_gemm(variant: int) -> None:
-    """Choose the fused dgelu GEMM variant for the MLP's backward (-1: the GEMM and the GELU-backward
-    kernel separately, as on GPUs or builds without it)."""
-    global _dgelu_variant
-    _dgelu_variant = int(variant)
-
-
-def dgelu_gemm_variant(dy: Tensor) -> int:
-    """The variant the backward runs for this dy, -1 when none applies (not bf16, not Hopper, not built)."""
-    if _dgelu_variant < 0 or dy.dtype != torch.bfloat16 or not dy.is_cuda:
-        return -1
-    if torch.cuda.get_device_capability(dy.device) != (9, 0):
-        return -1
-    return _dgelu_variant if _dgelu_variant < _ext().dgelu_gemm_variants() else -1
 
 
 def _ext():
@@ -94,25 +67,18 @@ def _forward(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Option
 
 def _backward_with(ops, saved, has_b1: bool, has_b2: bool, dy: Tensor):
     """Gradients of (x, w1, b1, w2, b2, main_grad1, main_grad2); `ops` = (gelu_backward_bias,
-    gelu_backward_bias_gelu, dgelu_gemm, accumulate): the custom ops (traced by torch.compile) or the
-    direct calls (eager). g saved as None: rebuilt here from pre. A weight with a main_grad gets None:
-    its gradient went into the buffer."""
-    gelu_backward_bias, gelu_backward_bias_gelu, dgelu_gemm, accumulate = ops
+    gelu_backward_bias_gelu, accumulate): the custom ops (traced by torch.compile) or the direct calls
+    (eager). g saved as None: rebuilt here from pre. A weight with a main_grad gets None: its gradient
+    went into the buffer."""
+    gelu_backward_bias, gelu_backward_bias_gelu, accumulate = ops
     x, w1, w2, pre, g, main1, main2 = saved
     dy = dy.contiguous()
-    variant = dgelu_gemm_variant(dy)
-    if variant >= 0:  # one GEMM: dpre = (dy w2) * gelu'(pre), db1 (h) fp32 from its epilogue
-        dpre, db1 = dgelu_gemm(dy, w2, pre, variant)
-        db1 = db1.to(dpre.dtype) if has_b1 else None
-        if g is None:
-            g = F.gelu(pre, approximate="tanh")
+    dg = dy @ w2  # (M, d) (d, h) -> (M, h)
+    if g is None:  # the same pass writes g = gelu(pre) for w2's gradient below
+        dpre, partial, g = gelu_backward_bias_gelu(dg, pre)
     else:
-        dg = dy @ w2  # (M, d) (d, h) -> (M, h)
-        if g is None:  # the same pass writes g = gelu(pre) for w2's gradient below
-            dpre, partial, g = gelu_backward_bias_gelu(dg, pre)
-        else:
-            dpre, partial = gelu_backward_bias(dg, pre)  # partial (R, h) fp32
-        db1 = partial.sum(0).to(dpre.dtype) if has_b1 else None
+        dpre, partial = gelu_backward_bias(dg, pre)  # partial (R, h) fp32
+    db1 = partial.sum(0).to(dpre.dtype) if has_b1 else None
     dx = dpre @ w1                  # (M, h) (h, d) -> (M, d)
     dw1 = _weight_grad(accumulate, dpre, x, main1)  # (h, M) (M, d) -> (h, d)
     dw2 = _weight_grad(accumulate, dy, g, main2)    # (d, M) (M, h) -> (d, h)
@@ -157,21 +123,6 @@ def _gelu_backward_bias_gelu_direct(dg: Tensor, pre: Tensor):
     return tuple(_ext().gelu_backward_bias(dg, pre, True))
 
 
-@torch.library.custom_op("flashgpt::dgelu_gemm", mutates_args=())
-def _dgelu_gemm_op(dy: Tensor, w2: Tensor, pre: Tensor, variant: int) -> tuple[Tensor, Tensor]:
-    dpre, db1 = _ext().dgelu_gemm(dy, w2, pre, variant)
-    return dpre, db1
-
-
-@_dgelu_gemm_op.register_fake
-def _(dy, w2, pre, variant):
-    return pre.new_empty(pre.shape), pre.new_empty(pre.shape[1], dtype=torch.float32)
-
-
-def _dgelu_gemm_direct(dy: Tensor, w2: Tensor, pre: Tensor, variant: int):
-    return tuple(_ext().dgelu_gemm(dy, w2, pre, variant))
-
-
 def _row_groups(rows: int, cols: int) -> int:
     """Rows of gelu_backward_bias's partial sums (csrc/mlp/gelu_backward.cu's row groups)."""
     col_blocks = -(-cols // 1024)
@@ -200,7 +151,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dy, dpre_out, dg_out):
     # dpre_out / dg_out are None: pre and g are saved intermediates, not differentiable outputs.
-    grads = _backward_with((_gelu_backward_bias_op, _gelu_backward_bias_gelu_op, _dgelu_gemm_op, wgrad_accumulate_op),
+    grads = _backward_with((_gelu_backward_bias_op, _gelu_backward_bias_gelu_op, wgrad_accumulate_op),
                            ctx.saved_tensors, ctx.has_b1, ctx.has_b2, dy)
     return *grads, None  # save_gelu
 
@@ -221,7 +172,7 @@ class _EagerGeluMLP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        ops = (_ext().gelu_backward_bias, _gelu_backward_bias_gelu_direct, _dgelu_gemm_direct, wgrad_accumulate)
+        ops = (_ext().gelu_backward_bias, _gelu_backward_bias_gelu_direct, wgrad_accumulate)
         return *_backward_with(ops, ctx.saved_tensors, ctx.has_b1, ctx.has_b2, dy), None
 
 

@@ -208,8 +208,8 @@ def test_opcheck():
 
 
 def test_in_a_cuda_graph():
-    """The fused MLP captured in a CUDA graph (its first call inside the capture: no autotune timing
-    there) and replayed on new inputs gives what eager calls give."""
+    """The fused MLP captured in a CUDA graph (its first call, the cuBLASLt heuristic's pick, inside the
+    capture) and replayed on new inputs gives what eager calls give."""
     inputs, _ = make(200, 192, 768, torch.bfloat16)  # a shape no other test uses: first call is captured
     static = [t.clone() for t in inputs]
     g = torch.cuda.CUDAGraph()

@@ -5,11 +5,8 @@
 //       pre = x w1^T + b1, g = gelu_tanh(pre)   (one GEMM; the GELU and the bias in its epilogue)
 //   gelu_backward_bias(dg (M, N), pre (M, N), with_gelu) -> [dpre (M, N), partial (R, N) fp32, g?]:
 //       dpre = dg * gelu_tanh'(pre); partial's column sums are b1's gradient (not cuBLASLt: its
-//       DGELU / BGRAD epilogues ran as separate, slower kernels on an H100, kernels/NOTES.md);
+//       GELU-backward / bias-gradient epilogues ran as separate, slower kernels on an H100, docs/kernels.md);
 //       with_gelu: also g = gelu_tanh(pre) (M, N), the forward's output rebuilt in the same pass
-//   dgelu_gemm(dy (M, d), w2 (d, h), pre (M, h), variant) -> [dpre (M, h), db1 (h) fp32]:
-//       dpre = (dy w2) * gelu_tanh'(pre) and db1 = dpre's column sums, in one CUTLASS GEMM whose
-//       epilogue does both (dgelu_gemm.h; bf16, Hopper); dgelu_gemm_variants() = 0 when not built.
 //
 // Row-major torch matrices are cuBLAS's column-major transposes, so each product is run as its
 // transpose: pre^T (N x M) = w1 (N x K as w1^T stored K x N, transposed) * x^T (K x M);
@@ -19,7 +16,6 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "check_text.h"
-#include "mlp/dgelu_gemm.h"
 #include "mlp/gelu_backward.h"
 #include "mlp/lt_matmul.h"
 #include "mlp/lt_torch.h"
@@ -98,35 +94,6 @@ std::vector<at::Tensor> gelu_backward_bias(const at::Tensor &dg, const at::Tenso
     return out;
 }
 
-// dpre = (dy w2) * gelu_tanh'(pre) and b1's gradient (fp32) from one GEMM (dgelu_gemm.h).
-std::vector<at::Tensor> dgelu_gemm(const at::Tensor &dy, const at::Tensor &w2, const at::Tensor &pre, int64_t variant) {
-    check_matrix(dy, "dy", dy);
-    check_matrix(w2, "w2", dy);
-    check_matrix(pre, "pre", dy);
-    TORCH_CHECK(dy.scalar_type() == at::kBFloat16, "flashgpt.gelu_mlp: the fused dgelu GEMM runs in bf16, not ",
-                dy.scalar_type());
-    const int64_t M = dy.size(0), d = dy.size(1), h = w2.size(1);
-    TORCH_CHECK(w2.size(0) == d && pre.size(0) == M && pre.size(1) == h, "flashgpt.gelu_mlp: dy ",
-                dims(dy.sizes()), ", w2 ", dims(w2.sizes()), " and pre ", dims(pre.sizes()), " do not fit (M, d) (d, h) (M, h)");
-    TORCH_CHECK(variant >= 0 && variant < flashgpt::dgelu_gemm_variants(), "flashgpt.gelu_mlp: dgelu_gemm variant ",
-                num(variant), " is not built (", num(flashgpt::dgelu_gemm_variants()), " variants)");
-    c10::cuda::CUDAGuard guard(dy.device());
-    auto dpre = at::empty({M, h}, dy.options());
-    auto db1 = at::empty({h}, dy.options().dtype(at::kFloat));
-    if (M == 0) {
-        db1.zero_();
-        return {dpre, db1};
-    }
-    const size_t bytes = flashgpt::dgelu_gemm_workspace_bytes(static_cast<int>(variant), M, d, h);
-    auto workspace = at::empty({static_cast<int64_t>(bytes) + 16}, dy.options().dtype(at::kByte));
-    const cudaError_t err = flashgpt::dgelu_gemm(static_cast<int>(variant), dy.data_ptr(), w2.data_ptr(), pre.data_ptr(),
-                                                 dpre.data_ptr(), db1.data_ptr<float>(), M, d, h, workspace.data_ptr(),
-                                                 at::cuda::getCurrentCUDAStream().stream());
-    TORCH_CHECK(err == cudaSuccess, "flashgpt.gelu_mlp: dgelu_gemm failed: ", cudaGetErrorString(err));
-    if (!flashgpt::dgelu_gemm_bias_in_epilogue(static_cast<int>(variant))) at::sum_out(db1, dpre, {0}, false, at::kFloat);
-    return {dpre, db1};
-}
-
 }  // namespace
 
 void register_gelu_mlp(pybind11::module_ &m) {
@@ -134,8 +101,4 @@ void register_gelu_mlp(pybind11::module_ &m) {
     m.def("gelu_backward_bias", &gelu_backward_bias,
           "[dg * gelu_tanh'(pre), row-group partial column sums of it (fp32), gelu_tanh(pre) if with_gelu] in one pass",
           pybind11::arg("dg"), pybind11::arg("pre"), pybind11::arg("with_gelu") = false);
-    m.def("dgelu_gemm", &dgelu_gemm, "[(dy w2) * gelu_tanh'(pre), its column sums (fp32)] in one CUTLASS GEMM");
-    m.def("dgelu_gemm_variants", &flashgpt::dgelu_gemm_variants, "how many dgelu_gemm variants are built (0: none)");
-    m.def("dgelu_gemm_variant_name", [](int64_t v) { return std::string(flashgpt::dgelu_gemm_variant_name(static_cast<int>(v))); },
-          "a dgelu_gemm variant's name (tile, schedule, _bias: b1's gradient in the epilogue)");
 }

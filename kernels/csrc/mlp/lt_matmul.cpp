@@ -2,7 +2,6 @@
 // cached per problem (the heuristic itself costs tens of microseconds).
 #include "mlp/lt_matmul.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -55,24 +54,10 @@ Key key_of(const Matmul &mm, size_t workspace_bytes) {
                mm.accumulate_fp32);
 }
 
-constexpr int kCandidates = 8;  // heuristic results timed on a problem's first call
-constexpr int kTimedReps = 3;
-
 std::mutex g_mutex;
 std::map<Key, cublasLtMatmulAlgo_t> g_algos;
 
 }  // namespace
-
-bool timing_enabled() {
-    const char *v = std::getenv("FLASHGPT_LT_AUTOTUNE");
-    return v && std::string(v) == "1";
-}
-
-bool has_algorithm(const Matmul &mm, size_t workspace_bytes) {
-    const Key key = key_of(mm, workspace_bytes);
-    std::lock_guard<std::mutex> lock(g_mutex);
-    return g_algos.count(key) != 0;
-}
 
 std::string run(cublasLtHandle_t handle, const Matmul &mm, void *workspace, size_t workspace_bytes,
                 cudaStream_t stream) {
@@ -123,55 +108,17 @@ std::string run(cublasLtHandle_t handle, const Matmul &mm, void *workspace, size
                           CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
             LT_TRY(cublasLtMatmulPreferenceSetAttribute(desc.pref, attr, &align, sizeof(align)));
         }
-        cublasLtMatmulHeuristicResult_t results[kCandidates];
-        std::memset(results, 0, sizeof(results));
+        cublasLtMatmulHeuristicResult_t result;
+        std::memset(&result, 0, sizeof(result));
         int found = 0;
-        LT_TRY(cublasLtMatmulAlgoGetHeuristic(handle, desc.op, desc.a, desc.b, desc.d, desc.d, desc.pref,
-                                              kCandidates, results, &found));
+        LT_TRY(cublasLtMatmulAlgoGetHeuristic(handle, desc.op, desc.a, desc.b, desc.d, desc.d, desc.pref, 1,
+                                              &result, &found));
         if (found == 0) {
             return "cuBLASLt has no algorithm for this matmul (m " + std::to_string(mm.m) + ", n " +
                    std::to_string(mm.n) + ", k " + std::to_string(mm.k) + ", epilogue " +
                    std::to_string((int)mm.epilogue) + ")";
         }
-        // With FLASHGPT_LT_AUTOTUNE=1: time each candidate once, on the real buffers (the call below
-        // overwrites what they write; an accumulating call writes its scratch instead), and keep the
-        // fastest. Off by default: timed cold, at full clock, the pick varies from run to run, and at
-        // 1.3B-8k one such pick cost 0.6% of the step, while held at the board's power limit the
-        // heuristic's first pick was the best or within 1.5% of it for every problem measured
-        // (H100, bench/RESULTS.md).
-        int pick = 0;
-        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-        cudaStreamIsCapturing(stream, &capture);  // no timing (it synchronises) inside a CUDA graph capture
-        void *timed_d = mm.accumulate_fp32 ? mm.scratch : mm.d;
-        if (found > 1 && timed_d && timing_enabled() && capture == cudaStreamCaptureStatusNone) {
-            cudaEvent_t start, stop;
-            cudaEventCreate(&start);
-            cudaEventCreate(&stop);
-            float best = -1.f;
-            for (int i = 0; i < found; ++i) {
-                float ms = -1.f;
-                bool ok = true;
-                for (int rep = 0; rep < 1 + kTimedReps && ok; ++rep) {
-                    if (rep == 1) cudaEventRecord(start, stream);
-                    ok = cublasLtMatmul(handle, desc.op, &alpha, mm.a, desc.a, mm.b, desc.b, &beta, timed_d,
-                                        desc.d, timed_d, desc.d, &results[i].algo, workspace, workspace_bytes,
-                                        stream) == CUBLAS_STATUS_SUCCESS;
-                }
-                if (ok) {
-                    cudaEventRecord(stop, stream);
-                    cudaEventSynchronize(stop);
-                    cudaEventElapsedTime(&ms, start, stop);
-                    ms /= kTimedReps;
-                }
-                if (ok && (best < 0.f || ms < best)) {
-                    best = ms;
-                    pick = i;
-                }
-            }
-            cudaEventDestroy(start);
-            cudaEventDestroy(stop);
-        }
-        algo = results[pick].algo;
+        algo = result.algo;
         std::lock_guard<std::mutex> lock(g_mutex);
         g_algos.emplace(key, algo);
     }

@@ -34,25 +34,15 @@ struct Matmul {
     cudaDataType_t dtype = CUDA_R_16BF;  // A, B, D, bias and aux
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     void *bias = nullptr;  // read (BIAS epilogues) or written (BGRAD epilogues)
-    void *aux = nullptr;   // written (GELU_AUX*) or read (DGELU*)
+    void *aux = nullptr;   // written by the GELU_AUX* epilogues
     int64_t ld_aux = 0;
     bool accumulate_fp32 = false;  // D is fp32 and read: D += op(A) op(B) (A and B stay `dtype`)
-    // accumulate_fp32 only: a buffer of D's size and layout that the first call's candidate timing
-    // (timing_enabled()) writes instead of D (timing on D would add the product several times);
-    // nullptr = no timing.
-    void *scratch = nullptr;
 };
 
-// Whether `mm`'s problem already has its algorithm picked (then `run` neither times nor needs scratch).
-bool has_algorithm(const Matmul &mm, size_t workspace_bytes);
-
-// Whether a problem's first call times the heuristic's candidates (FLASHGPT_LT_AUTOTUNE=1; off by default).
-bool timing_enabled();
-
 // Runs `mm` on `stream` with the given workspace. On a problem's first call (shape, layout, epilogue,
-// pointer alignment) the heuristic's first pick is cached for it; with timing_enabled() its candidates
-// are timed on the real buffers instead and the fastest is kept (not inside a CUDA graph capture, nor
-// for an accumulating call without scratch). Returns "" on success, else what failed.
+// pointer alignment) the heuristic's first pick is cached for it and reused by later calls (held at
+// the power limit, timing its other candidates gained nothing: docs/history). Returns "" on success,
+// else what failed.
 std::string run(cublasLtHandle_t handle, const Matmul &mm, void *workspace, size_t workspace_bytes,
                 cudaStream_t stream);
 

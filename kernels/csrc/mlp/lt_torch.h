@@ -22,17 +22,10 @@ inline cudaDataType_t lt_type(const at::Tensor &t, const char *who) {
 // so it is freed stream-ordered once the call is queued.
 constexpr int64_t kWorkspaceBytes = 32 << 20;
 
-// Runs `mm` on torch's current stream and cuBLASLt handle. With timing_enabled(), an accumulating
-// call's first run of a problem times cuBLASLt's candidates on a scratch buffer of D's size
-// (allocated here, once).
-inline void run_on_current_stream(Matmul mm, const at::Tensor &like, const char *who) {
+// Runs `mm` on torch's current stream and cuBLASLt handle.
+inline void run_on_current_stream(const Matmul &mm, const at::Tensor &like, const char *who) {
     cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
     auto workspace = at::empty({kWorkspaceBytes}, like.options().dtype(at::kByte));
-    at::Tensor scratch;
-    if (mm.accumulate_fp32 && timing_enabled() && !has_algorithm(mm, kWorkspaceBytes)) {
-        scratch = at::zeros({mm.n, mm.ldd}, like.options().dtype(at::kFloat));
-        mm.scratch = scratch.data_ptr();
-    }
     cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
     const std::string err = run(handle, mm, workspace.data_ptr(), kWorkspaceBytes, stream);
     TORCH_CHECK(err.empty(), who, ": ", err);
