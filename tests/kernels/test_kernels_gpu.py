@@ -39,7 +39,6 @@ _seed = itertools.count(1234)
 def _ext():
     if not kernels.is_available():
         pytest.fail("extension did not build: " + kernels.unavailable_reason())
-    yield
 
 
 @pytest.fixture(scope="module", autouse=True)
