@@ -23,9 +23,9 @@ A setup may carry trainer overrides after colons, for an A/B in one run:
   ours_compile:engine.weight_cache=disabled   ours_compile:model.mlp=torch
 or for our trainer at another micro-batch than the plain setups (tokens per step and tokens/s are each
 setup's own): ours_compile:train.micro_batch_size=3:train.global_batch_size=9
-An override env.NAME=VALUE sets an environment variable for that setup only, for a kernel choice read
-at launch (ours_compile:env.FLASHGPT_GRID_ORDER=head: attention's grid head-major, csrc/grid_order.h)
-or when the step is traced (dynamo is reset around such a setup).
+An override env.NAME=VALUE sets an environment variable for that setup only, for a setting read while
+the setup builds or runs its trainer (ours:env.FLASHGPT_PEAK_TFLOPS=756: the MFU its log reports against
+an H100 PCIe's peak) or when the step is traced (dynamo is reset around such a setup).
 --micro-batch B runs every setup with B sequences per forward and accum / B micro-batches per
 optimizer step (the same tokens per step).
 Plain steps feed random tokens already on the GPU and time with CUDA events (median of steps after

@@ -12,18 +12,18 @@ Error column: max |ours - fp32 reference| of the forward output on batch 0, head
 (the full fp32 reference at 16k would need tens of GB).
 
     python bench/kernel_sweep.py [--reps 30] [--hdims 64 128] [--seqlens 512 1024 ...] [--json out.json]
-                                 [--compare-fa2] [--compare-cpasync] [--compare-nopingpong]
-                                 [--compare-headmajor] [--compare-fa2bwd] [--compare-directstore]
-                                 [--compare-nopersist] [--compare-fwd2wg] [--compare-fwd3wg]
-                                 [--compare-counter] [--compare-memset] [--compare-bwdlockstep]
+                                 [--compare-fa2] [--compare-fa2bwd] [--compare-bwdlockstep]
                                  [--compare-bwdpingpong] [--only-ours] [--call-time] [--fixed-order]
+
+--compare-<variant> also times our kernels with another choice of the Hopper dispatch table
+(csrc/hopper/dispatch.cu, the table a tuning cache fills: bench/tune_kernels.py) for the row's shape
+class; off Hopper the table is ignored and a variant runs the default's FA2 kernels.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -40,50 +40,40 @@ from kernels.reference import attention_ref  # noqa: E402
 TOKENS, D_MODEL = 16384, 2048
 
 
-# Variants of our kernels timed beside the default dispatch: name -> (environment variable, value that
-# selects it, what it is). Read on every launch (hopper/dispatch.h, grid_order.h); each gives a
+# Variants of our kernels timed beside the default dispatch: name -> ({pass: choice} written into the
+# row's entries of the Hopper dispatch table (pass 0 forward, 1 backward; choice 0 FA2, 2 / 3 the Hopper
+# backward with its consumer warpgroups in lock-step / taking turns), what it is). Each gives a
 # --compare-<name> flag.
 VARIANTS = {
-    "fa2": ("FLASHGPT_SM90", "0", "our FA2 path where the Hopper kernels would run"),
-    "cpasync": ("FLASHGPT_SM90_WS", "0", "the cp.async wgmma kernels instead of the TMA ones"),
-    "nopingpong": ("FLASHGPT_SM90_PINGPONG", "0", "the TMA forward without pingpong"),
-    "headmajor": ("FLASHGPT_GRID_ORDER", "head", "our kernels on head-major grids"),
-    "group1": ("FLASHGPT_GRID_GROUP", "1", "our kernels in plain block-major launch order"),
-    "fa2bwd": ("FLASHGPT_SM90_BWD", "0", "the Hopper forward with the FA2 backward"),
-    "directstore": ("FLASHGPT_SM90_TMA_STORE", "0",
-                    "the TMA kernels storing O / dK / dV from registers"),
-    "nopersist": ("FLASHGPT_SM90_PERSISTENT", "0",
-                  "the TMA forward with one CTA per tile instead of persistent"),
-    "fwd2wg": ("FLASHGPT_SM90_FWD_WARPGROUPS", "2",
-               "the head-dim-64 TMA forward with two consumer warpgroups"),
-    "fwd3wg": ("FLASHGPT_SM90_FWD_WARPGROUPS", "3", "it with three consumer warpgroups at every size"),
-    "counter": ("FLASHGPT_SM90_FWD_COUNTER", "1",
-                "the head-dim-128 non-causal TMA forward taking tiles from the counter instead of a "
-                "fixed stride"),
-    "memset": ("FLASHGPT_SM90_FWD_MEMSET", "1",
-               "the persistent TMA forward with its tile counter zeroed by a memset before each launch"),
-    "bwdlockstep": ("FLASHGPT_SM90_BWD_PINGPONG", "0",
-                    "the TMA backward with its warpgroups in lock-step at every size, not in turns"),
-    "bwdpingpong": ("FLASHGPT_SM90_BWD_PINGPONG", "1",
-                    "the TMA backward with its warpgroups in turns at every size (default: from 1024 queries)"),
+    "fa2": ({0: 0, 1: 0}, "our FA2 path where the Hopper kernels would run"),
+    "fa2bwd": ({1: 0}, "the Hopper forward with the FA2 backward"),
+    "bwdlockstep": ({1: 2}, "the Hopper backward with its warpgroups in lock-step at every size"),
+    "bwdpingpong": ({1: 3}, "the Hopper backward with its warpgroups in turns at every size "
+                            "(default: from 1024 queries)"),
 }
+TABLE_HEAD_DIMS = (64, 128)  # the head dims the dispatch table has entries for (others: FA2 only)
 
 
 @contextlib.contextmanager
-def variant(name: str | None):
-    """Within the block our kernels run as variant `name` (None: the default dispatch)."""
-    var, value, _ = VARIANTS.get(name, (None, None, None))
-    old = os.environ.get(var) if var else None
-    if var:
-        os.environ[var] = value
+def variant(name: str | None, hdim: int, causal: bool, seqlen: int):
+    """Within the block our kernels run as variant `name` at this row's shape class (None: the
+    dispatch as it stands, a tuning cache's choices included); the entries are put back after."""
+    if name is None or hdim not in TABLE_HEAD_DIMS:
+        yield
+        return
+    from kernels.build import load_extension
+
+    ext = load_extension()
+    bucket = ext.seqlen_bucket(seqlen)
+    choices = VARIANTS[name][0]
+    saved = {p: ext.sm90_choice(p, hdim, causal, bucket) for p in choices}
     try:
+        for p, choice in choices.items():
+            ext.set_sm90_choice(p, hdim, causal, bucket, choice)
         yield
     finally:
-        if var:
-            if old is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = old
+        for p, choice in saved.items():
+            ext.set_sm90_choice(p, hdim, causal, bucket, choice)
 
 
 def impls(causal: bool, deterministic: bool = False):
@@ -122,13 +112,13 @@ def bench_row(hdim: int, seqlen: int, causal: bool, reps: int, det: bool,
 
     def forward(name, fn):
         def call():
-            with variant(name), torch.no_grad():
+            with variant(name if name in VARIANTS else None, hdim, causal, seqlen), torch.no_grad():
                 return fn(q, k, v)
         return call
 
     def forward_backward(name, fn):
         def call():
-            with variant(name):
+            with variant(name if name in VARIANTS else None, hdim, causal, seqlen):
                 return torch.autograd.grad(fn(q, k, v), (q, k, v), dout)
         return call
 
@@ -187,8 +177,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--det", action="store_true", help="also time the deterministic backward")
     ap.add_argument("--only-ours", action="store_true", help="tuning sweeps: skip SDPA")
-    for name, (var, value, what) in VARIANTS.items():
-        ap.add_argument(f"--compare-{name}", action="store_true", help=f"also time {what} ({var}={value})")
+    for name, (choices, what) in VARIANTS.items():
+        table_entry = ", ".join(f"{('fwd', 'bwd')[p]} {c}" for p, c in choices.items())
+        ap.add_argument(f"--compare-{name}", action="store_true",
+                        help=f"also time {what} (dispatch table: {table_entry})")
     ap.add_argument("--tokens", type=int, default=TOKENS,
                     help="batch * seqlen per row (16k: the sweep of BENCHMARKS.md; 8k at seqlen 8k = batch 1, "
                          "the end-to-end step's shape)")
@@ -203,6 +195,8 @@ def main() -> None:
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"cuDNN {torch.backends.cudnn.version()}")
     variants = tuple(v for v in VARIANTS if getattr(args, f"compare_{v}"))
+    if variants and torch.cuda.get_device_capability()[0] != 9:
+        print(f"  not a Hopper GPU: {', '.join(variants)} run the same FA2 kernels as ours")
     rows = []
     for hdim in args.hdims:
         for causal in args.causal:

@@ -7,8 +7,9 @@
 //   nvcc -std=c++17 -O3 --use_fast_math --expt-relaxed-constexpr -DFLASHGPT_HAS_SM90A -lineinfo \
 //     -gencode arch=compute_90a,code=sm_90a [-DFLASHGPT_BWD_TRACE] -o /tmp/bwd_trace dev/bwd_trace.cu \
 //     kernels/csrc/hopper/dispatch.cu        # (the backward's schedule consults the dispatch table)
-//   /tmp/bwd_trace [causal=1] [seqlen=8192] [batch=2] [heads=16] [traced key block=0]
-// FLASHGPT_SM90_BWD_PINGPONG=0 times (and traces) the lock-step loop instead of the pingpong one.
+//   /tmp/bwd_trace [causal=1] [seqlen=8192] [batch=2] [heads=16] [traced key block=0] [schedule=-1]
+// schedule: the dispatch table's backward choice for this shape class: -1 the built-in rule (turns from
+// 1024 queries), 2 the warpgroups in lock-step, 3 in turns.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +28,8 @@ int main(int argc, char **argv) {
     const bool causal = argc > 1 ? atoi(argv[1]) != 0 : true;
     const int s = argc > 2 ? atoi(argv[2]) : 8192, b = argc > 3 ? atoi(argv[3]) : 2, h = argc > 4 ? atoi(argv[4]) : 16;
     const int traced = argc > 5 ? atoi(argv[5]) : 0, d = 128;
+    const int schedule = argc > 6 ? atoi(argv[6]) : -1;
+    set_sm90_choice(1, d, causal, seqlen_bucket(s), schedule);  // hopper/dispatch.h pingpong_backward reads it
     if (s % 64 != 0) { printf("seqlen must be a multiple of 64 (the accumulator is sized as dense rows)\n"); return 1; }
     const int64_t n = int64_t(b) * s * h * d, nrow = int64_t(b) * h * s;
     T *q, *k, *v, *dO, *dk, *dv;

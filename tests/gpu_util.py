@@ -1,7 +1,9 @@
 """Helpers of the GPU tests of our extension's ops (import after the module's CUDA skip)."""
 from __future__ import annotations
 
+import contextlib
 import itertools
+import re
 
 import pytest
 import torch
@@ -32,26 +34,51 @@ def fresh_factory(first_seed: int):
     return fresh
 
 
-# Attention backward paths: name -> the environment switch that selects it (kernels/csrc/hopper/dispatch.h),
-# None = the default dispatch. On Hopper the default is the TMA kernel (head dims 64 / 128) unless the
-# dQ tiles would not fit, then the cp.async kernel (128) or FA2 (64); head dim 96 is always FA2.
-BACKWARD_PATHS = {"default": None, "fa2": ("FLASHGPT_SM90", "0"), "fa2_bwd": ("FLASHGPT_SM90_BWD", "0"),
-                  "cpasync": ("FLASHGPT_SM90_WS", "0"), "lockstep": ("FLASHGPT_SM90_BWD_PINGPONG", "0"),
-                  "turns": ("FLASHGPT_SM90_BWD_PINGPONG", "1"), "headmajor": ("FLASHGPT_GRID_ORDER", "head")}
-ANY_GPU_PATHS = ("default", "headmajor")  # the others choose between Hopper kernel families
+# The Hopper dispatch table (csrc/hopper/dispatch.cu): one choice per (pass, head dim, causal, seqlen
+# bucket); pass 0 forward / 1 backward, head dims 64 and 128, buckets 0-3 (ext.seqlen_bucket(seqlen_k):
+# <= 1k, 2k, 4k, longer keys). Choice -1 = the built-in default, 0 = the FA2 kernel, 1 = the Hopper kernel
+# (TMA, warp-specialised), backward also 2 / 3 = the Hopper kernel with its two consumer warpgroups in
+# lock-step / taking turns. Off Hopper the table is ignored: the FA2 kernels run.
+TABLE_ENTRIES = tuple(itertools.product((0, 1), (64, 128), (False, True), range(4)))
+
+# Named kernel paths: name -> {pass: choice} written into every entry of that pass (the others -1). On
+# Hopper "default" is the Hopper kernel at head dims 64 / 128 (FA2 where a tensor breaks a TMA rule or a
+# small packed batch's dQ tiles would not fit), the backward in lock-step below 1024 queries and in turns
+# from there; head dim 96 is always FA2.
+KERNEL_PATHS = {"default": {}, "fa2": {0: 0, 1: 0}, "fa2_bwd": {1: 0}, "hopper": {0: 1, 1: 1},
+                "lockstep": {1: 2}, "turns": {1: 3}}
+BACKWARD_PATHS = ("default", "fa2", "fa2_bwd", "lockstep", "turns")
+ANY_GPU_PATHS = ("default",)  # the others choose between Hopper kernel families
 
 
-def select_backward_path(name: str, monkeypatch) -> str:
-    """Set `name`'s switch for this test (skip where it selects nothing: off Hopper)."""
-    if name not in ANY_GPU_PATHS and torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("one kernel family off Hopper")
-    if BACKWARD_PATHS[name] is not None:
-        monkeypatch.setenv(*BACKWARD_PATHS[name])
-    return name
+def reset_dispatch() -> None:
+    """Every entry of the dispatch table back to -1 (the built-in defaults)."""
+    e = ext()
+    for entry in TABLE_ENTRIES:
+        e.set_sm90_choice(*entry, -1)
+
+
+@contextlib.contextmanager
+def kernel_path(name: str):
+    """Within the block our attention runs path `name` of KERNEL_PATHS: the whole table is written
+    ("default": every entry -1, so a tuning cache applied at load does not decide), and every entry is
+    back to -1 afterwards, also when the block raises."""
+    choices = KERNEL_PATHS[name]
+    e = ext()
+    try:
+        for entry in TABLE_ENTRIES:
+            e.set_sm90_choice(*entry, choices.get(entry[0], -1))
+        yield name
+    finally:
+        reset_dispatch()
+
+
+def is_hopper() -> bool:
+    return torch.cuda.get_device_capability()[0] == 9
 
 
 def skip_same_kernel(d: int, path: str) -> None:
-    if d == 96 and path not in ("default", "fa2", "headmajor"):
+    if d == 96 and path not in ("default", "fa2"):
         pytest.skip("head dim 96 runs FA2 on every path")
 
 
@@ -68,9 +95,78 @@ def cu_seqlens(lengths) -> torch.Tensor:
 
 
 def backward_path_fixture(names):
-    """A `path` fixture over `names` of BACKWARD_PATHS (assign it to `path` in the test module)."""
+    """A `path` fixture over `names` of KERNEL_PATHS (assign it to `path` in the test module): each test
+    runs inside kernel_path(name); off Hopper only the paths of ANY_GPU_PATHS run, the others skip."""
+    unknown = [n for n in names if n not in KERNEL_PATHS]
+    if unknown:
+        raise ValueError(f"unknown kernel paths {unknown}; known: {list(KERNEL_PATHS)}")
+
     @pytest.fixture(params=list(names))
-    def path(request, monkeypatch):
-        return select_backward_path(request.param, monkeypatch)
+    def path(request):
+        if request.param not in ANY_GPU_PATHS and not is_hopper():
+            pytest.skip("one kernel family off Hopper")
+        with kernel_path(request.param):
+            yield request.param
 
     return path
+
+
+# Our attention kernels as the profiler names them (demangled, e.g. "void flash_bwd_sm90_ws_kernel<
+# __nv_bfloat16, 128, true, false, true>(Flash_bwd_params, BwdTmaMaps)"; a mangled name holds the same
+# identifier). Case matters: the FA2 kernels' traits are Flash_fwd_kernel_traits / Flash_bwd_kernel_traits.
+KERNEL_FAMILIES = {"hopper_fwd": "flash_fwd_sm90_ws_kernel", "hopper_bwd": "flash_bwd_sm90_ws_kernel",
+                   "fa2_fwd": "flash_fwd_kernel", "fa2_bwd": "flash_bwd_kernel"}  # the last: also ..._kernel_2d
+
+
+def launched_kernels(fn) -> list:
+    """Names of the CUDA kernels that fn() launched (torch.profiler, in launch order)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+def kernel_families(names) -> set:
+    """The KERNEL_FAMILIES keys among `names`, the Hopper backward split by its last template argument
+    (Pingpong): "hopper_bwd_lockstep" or "hopper_bwd_turns"."""
+    found = set()
+    for n in names:
+        for family, ident in KERNEL_FAMILIES.items():
+            if ident in n:
+                found.add(family + "_" + _bwd_schedule(n) if family == "hopper_bwd" else family)
+    return found
+
+
+def _bwd_schedule(name: str) -> str:
+    """'turns' or 'lockstep' from a Hopper backward kernel's name: its template arguments are
+    <T, D, Is_causal, Is_even, Pingpong>; AssertionError naming the kernel when that cannot be read."""
+    ident = KERNEL_FAMILIES["hopper_bwd"]
+    rest = name[name.index(ident) + len(ident):]
+    if rest.startswith("<"):  # demangled: split the top-level template arguments
+        depth, args, cur = 0, [], ""
+        for ch in rest[1:]:
+            if ch == "<":
+                depth += 1
+            elif ch == ">":
+                if depth == 0:
+                    break
+                depth -= 1
+            if ch == "," and depth == 0:
+                args.append(cur.strip())
+                cur = ""
+            else:
+                cur += ch
+        args.append(cur.strip())
+        flag = args[-1] if len(args) == 5 else ""
+        if flag in ("true", "1", "(bool)1"):
+            return "turns"
+        if flag in ("false", "0", "(bool)0"):
+            return "lockstep"
+    else:  # mangled (Itanium): the bools are Lb0E / Lb1E, Pingpong the third
+        bools = re.findall(r"Lb([01])E", rest)
+        if len(bools) >= 3:
+            return "turns" if bools[2] == "1" else "lockstep"
+    raise AssertionError(f"cannot read the backward schedule from the kernel name {name!r}")

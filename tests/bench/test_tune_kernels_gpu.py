@@ -10,11 +10,7 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
 import tune_kernels  # noqa: E402
 from kernels import tune_cache  # noqa: E402
 from kernels.build import load_extension, source_hash  # noqa: E402
-
-
-def _reset_dispatch(ext):
-    for p, d, causal, bucket in tune_cache.shape_classes():
-        ext.set_sm90_choice(p, d, causal, bucket, -1)
+from gpu_util import reset_dispatch  # noqa: E402
 
 
 def test_tune_command_writes_and_applies_a_cache(tmp_path, monkeypatch, capsys):
@@ -34,9 +30,9 @@ def test_tune_command_writes_and_applies_a_cache(tmp_path, monkeypatch, capsys):
         rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| fwd", "| bwd"))]
         assert [r.rstrip(" |").rsplit("| ", 1)[-1] for r in rows] == [
             tune_kernels.LABELS[e["choice"]] for e in entries]  # the printed table is the cache's
-        _reset_dispatch(ext)
+        reset_dispatch()
         # what a new process does when the extension loads
         assert tune_cache.apply_cached(ext, source_hash()) == path
         assert all(ext.sm90_choice(e["pass"], e["d"], e["causal"], e["bucket"]) == e["choice"] for e in entries)
     finally:
-        _reset_dispatch(ext)
+        reset_dispatch()

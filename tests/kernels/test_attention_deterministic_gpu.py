@@ -5,8 +5,8 @@ allocator's free memory refilled with random values between calls (a read of mem
 would change the bits): out, dQ, dK and dV identical each time (torch.equal). Around 1k (1023 x 1024,
 1024 x 1023: either side of the TMA backward's lock-step / turns threshold and of the tuning buckets),
 odd lengths, grouped-query heads, packed batches of 3-query x 799-key documents and of 1-key ones;
-head dims 64 / 96 / 128, causal or not, fp16 and bf16, on every backward path (FA2, cp.async wgmma,
-TMA in lock-step and in turns, head-major grids).
+head dims 64 / 96 / 128, causal or not, fp16 and bf16, on every backward path (FA2, the Hopper
+TMA kernel in lock-step and in turns; tests/gpu_util.py BACKWARD_PATHS).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from kernels import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varle
 REPEATS = 50
 _seed = itertools.count(4700)
 
-PATHS = [n for n in BACKWARD_PATHS]
+PATHS = list(BACKWARD_PATHS)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -3,8 +3,8 @@
 With 1-17 keys (not a multiple of any key block) and inputs of magnitude ~4, a query's LSE can be far
 below zero; a key block's rows past the sequence's last key then give exp(S - LSE) = exp(-LSE), which
 overflows (fp16 P^T from exp(11)) unless those keys are masked -- and the infinite dS^T times their zero
-K rows made dQ NaN. Every backward path (FA2 1-D / 2-D, the cp.async wgmma kernel, the TMA kernel in
-lock-step and in turns) on dense and packed batches with 1-3-key documents, fp16 and bf16: O, LSE and
+K rows made dQ NaN. Every backward path (FA2 1-D / 2-D, the Hopper TMA kernel in lock-step and in
+turns; tests/gpu_util.py BACKWARD_PATHS) on dense and packed batches with 1-3-key documents, fp16 and bf16: O, LSE and
 the gradients are finite and within 5x PyTorch's own low-precision error against the fp32 reference.
 PyTorch's error is the larger of two computations in the inputs' dtype: autograd through the reference
 attention, and the FlashAttention backward's equations (kernels.reference.attention_grads_flash), whose
@@ -30,7 +30,7 @@ from kernels.reference import (attention_grads_flash, attention_grads_flash_varl
 SCALE = 4.0  # q, k, v ~ N(0, 4^2): logits of magnitude ~16 (d 128) to ~60
 _seed = itertools.count(4200)
 
-PATHS = [n for n in BACKWARD_PATHS if n != "headmajor"]  # the grid order does not change the masking
+PATHS = list(BACKWARD_PATHS)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -2,8 +2,11 @@
 
 Tolerance as in FlashAttention's own tests: for the output and every gradient, the kernel's max
 abs error vs the fp32 reference must be <= 2 x PyTorch's own max error computing the same thing
-in the low precision (reference math on bf16/fp16 inputs) + a small eps. Outputs are poisoned
-with NaN before every launch (set_debug_poison), inputs are fresh torch.randn draws.
+in the low precision (reference math on bf16/fp16 inputs) + a small eps. Every tensor allocated
+uninitialised -- the binding's outputs and workspaces included -- is filled with NaN (PyTorch's
+deterministic mode with fill_uninitialized_memory; the kernels take `deterministic` as an argument, so
+the mode changes no kernel choice): an element a kernel leaves unwritten shows. Inputs are fresh
+torch.randn draws.
 """
 from __future__ import annotations
 
@@ -12,13 +15,19 @@ import itertools
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+# The poison fixture's deterministic mode warns at every op without a deterministic version (cuBLAS
+# without CUBLAS_WORKSPACE_CONFIG among them): expected here, not news.
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.filterwarnings("ignore:Deterministic behavior was enabled:UserWarning"),
+              pytest.mark.filterwarnings("ignore:.*does not have a deterministic implementation:UserWarning")]
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 import kernels  # noqa: E402
 from kernels import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func  # noqa: E402
 from kernels.reference import attention_ref, attention_varlen_ref  # noqa: E402
+from gpu_util import (TABLE_ENTRIES, backward_path_fixture, ext, kernel_families, kernel_path as run_path,  # noqa: E402
+                      launched_kernels, reset_dispatch)
 
 DTYPES = [torch.bfloat16, torch.float16]
 HDIMS = [64, 96, 128]
@@ -30,31 +39,36 @@ _seed = itertools.count(1234)
 def _ext():
     if not kernels.is_available():
         pytest.fail("extension did not build: " + kernels.unavailable_reason())
-    from kernels.build import load_extension
-    load_extension().set_debug_poison(True)
-    yield
-    load_extension().set_debug_poison(False)
 
 
-# Kernel paths besides the default dispatch: name -> (environment variable, value) that selects it.
-KERNEL_PATHS = {"cpasync": ("FLASHGPT_SM90_WS", "0"),      # the cp.async wgmma kernels (Hopper)
-                "fa2": ("FLASHGPT_SM90", "0"),             # the FA2 kernels everywhere (Hopper)
-                "headmajor": ("FLASHGPT_GRID_ORDER", "head"),  # head-major grids (grid_order.h)
-                "hopper": ("FLASHGPT_SM90_ALWAYS", "1"),  # the Hopper kernels at every size (dispatch.h)
-                "bwdpingpong": ("FLASHGPT_SM90_BWD_PINGPONG", "1")}  # the TMA backward's turns at every size
+@pytest.fixture(scope="module", autouse=True)
+def _poison_uninitialised_memory():
+    """torch.empty / at::empty fill float tensors with NaN while this module runs (PyTorch's own
+    mechanism: deterministic algorithms on, warn_only so ops without a deterministic version only warn)."""
+    import torch.utils.deterministic as det
+
+    was_on = torch.are_deterministic_algorithms_enabled()
+    was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_fill = det.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    det.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was_on, warn_only=was_warn_only)
+        det.fill_uninitialized_memory = was_fill
 
 
-@pytest.fixture(params=["default", *KERNEL_PATHS], autouse=True)
-def kernel_path(request, monkeypatch):
-    """Every check runs through the default dispatch (on Hopper the warp-specialised TMA kernels for
-    head dim 128 and the head-dim-64 forward), then on head-major grids, and on Hopper also through
-    the cp.async wgmma kernels, the FA2 kernels, the Hopper kernels at every size and the TMA
-    backward's pingpong loop at every size (by default from 1024 queries only)."""
-    if request.param in ("cpasync", "fa2", "hopper", "bwdpingpong") and torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("only Hopper has more than one kernel family")
-    if request.param != "default":
-        monkeypatch.setenv(*KERNEL_PATHS[request.param])
-    return request.param
+# Every check runs through the default dispatch (on Hopper the warp-specialised TMA kernels at head
+# dims 64 and 128, FA2 at 96), and on Hopper also through the FA2 kernels, the Hopper kernels forced over
+# any default, and the Hopper backward in lock-step and in turns at every size (by default in turns
+# from 1024 queries only). Paths: tests/gpu_util.py KERNEL_PATHS.
+kernel_path = backward_path_fixture(["default", "fa2", "hopper", "lockstep", "turns"])
+
+
+@pytest.fixture(autouse=True)
+def _every_path(kernel_path):
+    return kernel_path
 
 
 def _err(a, ref):
@@ -380,27 +394,72 @@ def test_gpu_value_errors(bad, match):
         flash_attn_func(q, q, q)
 
 
-# --- per-shape-class dispatch (kernels/tune_cache.py) ---------------------------------------------
+# --- the NaN poison ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_uninitialised_memory_is_poisoned(dtype, kernel_path):
+    """The module's poison reaches every way our outputs are allocated: at::empty behind the dispatcher
+    (the binding; aten::empty.memory_format, also what torch.empty calls), new_empty and empty_like
+    (kernels/flash_attn.py), on memory the caching allocator hands out again. Without it an output
+    element a kernel leaves unwritten would pass unnoticed."""
+    if kernel_path != "default":
+        pytest.skip("one check: the path changes no allocation")
+    dirty = torch.ones(1 << 20, device="cuda", dtype=dtype)
+    del dirty  # freed to the caching allocator: the next tensors reuse its ones
+    like = torch.ones(300, 7, device="cuda", dtype=dtype)
+    tensors = {"at::empty": torch.ops.aten.empty.memory_format([300, 7], dtype=dtype, device="cuda"),
+               "torch.empty": torch.empty(300, 7, device="cuda", dtype=dtype),
+               "new_empty": like.new_empty((300, 7)), "empty_like": torch.empty_like(like)}
+    for how, t in tensors.items():
+        assert torch.isnan(t).all(), f"{how}: uninitialised memory is not NaN; the kernels' poison is off"
+
+
+# --- the Hopper dispatch table (csrc/hopper/dispatch.cu; tests/gpu_util.py KERNEL_PATHS) -------------
 hopper_only = pytest.mark.skipif(torch.cuda.get_device_capability()[0] != 9,
                                  reason="one kernel family off Hopper: nothing to dispatch")
 
 
-def _launched_kernels(fn) -> list[str]:
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+def _families(sq, d, causal, h=4):
+    """kernel_families of one forward and backward of batch 2, sq queries and keys, h heads."""
+    torch.manual_seed(next(_seed))
+    q, k, v = (torch.randn(2, sq, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn_like(q)
+
+    def fwd_bwd():
+        out = flash_attn_func(q, k, v, causal=causal)
+        torch.autograd.grad(out, (q, k, v), dout)
+
+    return kernel_families(launched_kernels(fwd_bwd))
+
+
+def _expected(name, sq):
+    """The kernel families path `name` launches at sq queries and keys (head dims 64 / 128)."""
+    default_bwd = "hopper_bwd_turns" if sq >= 1024 else "hopper_bwd_lockstep"
+    return {"default": {"hopper_fwd", default_bwd}, "hopper": {"hopper_fwd", default_bwd},
+            "fa2": {"fa2_fwd", "fa2_bwd"}, "fa2_bwd": {"hopper_fwd", "fa2_bwd"},
+            "lockstep": {"hopper_fwd", "hopper_bwd_lockstep"}, "turns": {"hopper_fwd", "hopper_bwd_turns"}}[name]
+
+
+@hopper_only
+@pytest.mark.parametrize("name", ["default", "fa2", "fa2_bwd", "hopper", "lockstep", "turns"])
+@pytest.mark.parametrize("sq", [512, 2048])  # buckets 0 (<= 1k keys) and 1; below / above the 1024-query rule
+@pytest.mark.parametrize("d,causal", [(64, False), (128, True)])
+def test_each_path_launches_its_kernels(name, sq, d, causal, kernel_path):
+    """Each named path runs its kernels, seen by name in the profiler: the default the Hopper forward
+    and backward, the backward in lock-step at 512 queries and in turns at 2048; choice 0 the FA2
+    kernels; backward choice 2 the lock-step and 3 the turns kernel in both buckets."""
+    if kernel_path != "default":
+        pytest.skip("sets the table itself")
+    with run_path(name):
+        found = _families(sq, d, causal)
+    assert found == _expected(name, sq), f"path {name}: launched {sorted(found)}"
 
 
 @hopper_only
 @pytest.mark.parametrize("d,causal,varlen", [(128, True, True), (128, False, False), (64, False, False)])
-def test_default_runs_the_warp_specialised_kernels(d, causal, varlen, kernel_path, monkeypatch):
-    """The default Hopper forward and backward are the TMA kernels, not a silent fallback, and they
-    give the cp.async kernels' results bit for bit: the same wgmma order, only the loads and the
-    synchronisation differ (the backward in deterministic mode, where both add dQ in key-block
-    order). Head dim 64 has no cp.async backward: its gradients are compared with the FA2 kernel's
-    within bf16 rounding."""
+def test_default_runs_the_warp_specialised_kernels(d, causal, varlen, kernel_path):
+    """The default Hopper forward and backward are the TMA kernels, not a silent fallback to FA2, on
+    lengths that are not multiples of the tiles and on packed sequences (the longest, 1400, decides the
+    backward's schedule: turns)."""
     if kernel_path != "default":
         pytest.skip("one check per shape")
     torch.manual_seed(next(_seed))
@@ -410,42 +469,82 @@ def test_default_runs_the_warp_specialised_kernels(d, causal, varlen, kernel_pat
     dout = torch.randn_like(q)
     cu = torch.tensor([0, 700, 2100], device="cuda", dtype=torch.int32)
 
-    def fwd():
-        if varlen:
-            return flash_attn_varlen_func(q, k, v, cu, cu, 1400, 1400, causal=causal, deterministic=True)
-        return flash_attn_func(q, k, v, causal=causal, deterministic=True)
-
     def fwd_bwd():
-        out = fwd()
-        return (out, *torch.autograd.grad(out, (q, k, v), dout))
-
-    names = _launched_kernels(fwd_bwd)
-    assert any("flash_fwd_sm90_ws_kernel" in n for n in names), names
-    assert any("flash_bwd_sm90_ws_kernel" in n for n in names), names
-    ws = fwd_bwd()
-    monkeypatch.setenv("FLASHGPT_SM90_WS", "0")
-    assert not any("ws_kernel" in n for n in _launched_kernels(fwd_bwd))
-    for name, a, b in zip(("out", "dq", "dk", "dv"), ws, fwd_bwd()):
-        if d == 64 and name != "out":  # no cp.async backward at head dim 64: FA2's, another summation order
-            torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=name)
+        if varlen:
+            out = flash_attn_varlen_func(q, k, v, cu, cu, 1400, 1400, causal=causal, deterministic=True)
         else:
-            assert torch.equal(a, b), name
+            out = flash_attn_func(q, k, v, causal=causal, deterministic=True)
+        torch.autograd.grad(out, (q, k, v), dout)
+
+    names = launched_kernels(fwd_bwd)
+    assert kernel_families(names) == {"hopper_fwd", "hopper_bwd_turns"}, names
 
 
+@hopper_only
+def test_a_choice_sets_only_its_class(kernel_path):
+    """set_sm90_choice changes the kernels of its (pass, head dim, causal, bucket) only: the causal
+    class's backward forced to lock-step and its forward to FA2 at 2048 keys leave the non-causal class
+    and the 512-key bucket on the defaults."""
+    if kernel_path != "default":
+        pytest.skip("sets the table itself")
+    e = ext()
+    bucket = e.seqlen_bucket(2048)
+    assert bucket == 1 and e.seqlen_bucket(512) == 0
+    try:
+        e.set_sm90_choice(1, 128, True, bucket, 2)
+        e.set_sm90_choice(0, 128, True, bucket, 0)
+        assert e.sm90_choice(1, 128, True, bucket) == 2 and e.sm90_choice(0, 128, True, bucket) == 0
+        assert _families(2048, 128, True) == {"fa2_fwd", "hopper_bwd_lockstep"}
+        assert _families(2048, 128, False) == {"hopper_fwd", "hopper_bwd_turns"}
+        assert _families(1500, 128, True, h=2) == {"fa2_fwd", "hopper_bwd_lockstep"}  # the same bucket
+        assert _families(512, 128, True) == {"hopper_fwd", "hopper_bwd_lockstep"}
+    finally:
+        reset_dispatch()
+
+
+@pytest.mark.parametrize("bucket", [0, 1, 2, 3])
+def test_backward_schedules_are_choices_in_every_bucket(bucket, kernel_path):
+    """The backward's choices 2 (lock-step) and 3 (turns) are accepted in every seqlen bucket, <= 1k
+    keys included, and read back; -1 restores the default."""
+    if kernel_path != "default":
+        pytest.skip("sets the table itself")
+    e = ext()
+    try:
+        for d, causal, choice in itertools.product((64, 128), (False, True), (2, 3, -1)):
+            e.set_sm90_choice(1, d, causal, bucket, choice)
+            assert e.sm90_choice(1, d, causal, bucket) == choice
+    finally:
+        reset_dispatch()
+
+
+@pytest.mark.parametrize("entry", [
+    (0, 128, True, 1, 2), (0, 64, False, 0, 3),  # the forward has no schedules
+    (1, 128, True, 0, 4), (1, 64, False, 3, -2), (0, 128, False, 2, 5),  # no such choice
+    (0, 96, True, 0, 1), (1, 128, True, 4, 0), (2, 128, True, 0, 0),  # no such head dim, bucket, pass
+])
+def test_out_of_range_entries_raise(entry, kernel_path):
+    """A choice, head dim, bucket or pass outside the table raises ValueError and changes no entry."""
+    if kernel_path != "default":
+        pytest.skip("reads the table as the default path leaves it")
+    e = ext()
+    try:
+        with pytest.raises(ValueError):
+            e.set_sm90_choice(*entry)
+        assert all(e.sm90_choice(*cls) == -1 for cls in TABLE_ENTRIES)
+    finally:
+        reset_dispatch()
+
+
+@hopper_only
+@pytest.mark.parametrize("sq", [700, 1100])  # the default backward in lock-step / in turns
 @pytest.mark.parametrize("d,causal", [(64, True), (128, False), (128, True)])
-def test_grid_order_changes_no_result(d, causal, kernel_path, monkeypatch):
-    """Heads launched in groups of the default (2 on the Hopper kernels, 1 on FA2), of 1 (plain
-    block-major), 5 and all (head-major) (grid_order.h) run the same tiles in another order: the
-    forward and the deterministic backward agree bit for bit. Batch 2 x 5 heads: group 3 is lowered to 2 (a divisor of 10).
-    Likewise the TMA forward launched one CTA per tile instead of persistent (FLASHGPT_SM90_PERSISTENT=0),
-    and at head dim 64 with two or three consumer warpgroups (128- or 192-row query blocks; with three,
-    a warpgroup skips the causal key tiles its rows do not see), and the TMA backward with its
-    warpgroups in lock-step (FLASHGPT_SM90_BWD_PINGPONG=0) or in turns with dQ one step
-    late (=1)."""
-    if kernel_path == "headmajor":
-        pytest.skip("compares against the head-major path itself")
+def test_backward_schedule_changes_no_result(sq, d, causal, kernel_path):
+    """The Hopper backward with its warpgroups in lock-step and in turns (dQ one step late), forced or
+    by default, gives the same forward and deterministic backward bit for bit. Batch 2 x 5 heads."""
+    if kernel_path != "default":
+        pytest.skip("compares the schedules itself")
     torch.manual_seed(next(_seed))
-    q, k, v = (torch.randn(2, 700, 5, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    q, k, v = (torch.randn(2, sq, 5, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     dout = torch.randn_like(q)
 
@@ -454,111 +553,12 @@ def test_grid_order_changes_no_result(d, causal, kernel_path, monkeypatch):
         return (out, *torch.autograd.grad(out, (q, k, v), dout))
 
     default = fwd_bwd()
-    for var, value in [("FLASHGPT_GRID_GROUP", "1"), ("FLASHGPT_GRID_GROUP", "3"), ("FLASHGPT_GRID_GROUP", "5"),
-                       ("FLASHGPT_GRID_ORDER", "head"), ("FLASHGPT_SM90_PERSISTENT", "0"),
-                       ("FLASHGPT_SM90_FWD_WARPGROUPS", "2"), ("FLASHGPT_SM90_FWD_WARPGROUPS", "3"),
-                       ("FLASHGPT_SM90_BWD_PINGPONG", "0"), ("FLASHGPT_SM90_BWD_PINGPONG", "1")]:
-        monkeypatch.setenv(var, value)
-        for name, a, b in zip(("out", "dq", "dk", "dv"), default, fwd_bwd()):
-            assert torch.equal(a, b), (var, value, name)
-        monkeypatch.delenv(var)
-
-
-@hopper_only
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("sq,sk", [(700, 700), (300, 700), (700, 300), (129, 1000), (1000, 1000)])
-def test_fwd_warpgroups_agree(sq, sk, causal, kernel_path, monkeypatch):
-    """Head dim 64: the TMA forward with three consumer warpgroups gives two warpgroups' O and LSE bit
-    for bit. Causal: its rows skip the key tiles they do not see -- also where the diagonal moves
-    (more keys than queries) and where rows see no key (fewer). Non-causal: a warpgroup with no row in
-    the sequence (700 = 3 x 192 + 124, 300, 1000: the last block's third, or second and third) passes
-    its tiles without products."""
-    if kernel_path != "default":
-        pytest.skip("one check per shape")
-    torch.manual_seed(next(_seed))
-    q = torch.randn(2, sq, 5, 64, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(2, sk, 5, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    runs = {}
-    for nc in ("2", "3"):
-        monkeypatch.setenv("FLASHGPT_SM90_FWD_WARPGROUPS", nc)
-        runs[nc] = flash_attn_func(q, k, v, causal=causal, return_lse=True)
-    for name, a, b in zip(("out", "lse"), runs["2"], runs["3"]):
-        assert torch.equal(a, b), name
+    for name in ("lockstep", "turns", "hopper"):
+        with run_path(name):
+            for what, a, b in zip(("out", "dq", "dk", "dv"), default, fwd_bwd()):
+                assert torch.equal(a, b), (name, what)
 
 
 def test_more_heads_than_a_grid_dimension_holds():
     """batch * heads = 66000, above one grid dimension's 65535 (grid_order.h splits them over x and z): exact."""
     run_dense(33000, 2, 2, 3, 5, 64, torch.bfloat16, True)
-
-
-def _reset_dispatch(ext):
-    from kernels.tune_cache import shape_classes
-    for p, d, causal, bucket in shape_classes():
-        ext.set_sm90_choice(p, d, causal, bucket, -1)
-
-
-@hopper_only
-def test_dispatch_override_selects_the_kernel_family(monkeypatch, kernel_path):
-    """Forcing the FA2 family for a shape class gives the FLASHGPT_SM90=0 results bit for bit (forward)
-    and within tolerance (backward); the default gives the Hopper kernels' results."""
-    if kernel_path == "hopper":
-        pytest.skip("FLASHGPT_SM90_ALWAYS=1 overrides the tuning cache by design")
-    from kernels.build import load_extension
-    ext = load_extension()
-    torch.manual_seed(next(_seed))
-    q, k, v = (torch.randn(2, 2048, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    assert ext.seqlen_bucket(2048) == 1 and ext.sm90_choice(0, 128, True, 1) == -1
-    try:
-        ext.set_sm90_choice(0, 128, True, 1, 0)
-        forced = flash_attn_func(q, k, v, causal=True)
-        ext.set_sm90_choice(0, 128, True, 1, -1)
-        default = flash_attn_func(q, k, v, causal=True)
-        monkeypatch.setenv("FLASHGPT_SM90", "0")
-        fa2 = flash_attn_func(q, k, v, causal=True)
-    finally:
-        _reset_dispatch(ext)
-    assert torch.equal(forced, fa2)
-    if kernel_path != "fa2":
-        assert not torch.equal(default, fa2)  # the Hopper kernel: another summation order
-    with pytest.raises(ValueError):
-        ext.set_sm90_choice(0, 96, True, 0, 1)
-
-
-@hopper_only
-def test_backward_schedule_from_threshold_cache_and_switch(monkeypatch, kernel_path):
-    """The TMA backward's warpgroups take turns from 1024 queries, lock-step below; above 1k keys
-    a tuning-cache choice of 2 / 3 (bench/tune_kernels.py) sets the schedule per shape class; the switch
-    FLASHGPT_SM90_BWD_PINGPONG=0 / 1 overrides both. And the schedule changes no result."""
-    if kernel_path != "default":
-        pytest.skip("reads the dispatch itself; the other paths set its switches")
-    from kernels.build import load_extension
-    ext = load_extension()
-    turns = ext.bwd_takes_turns
-    assert not turns(64, False, 512, 512) and not turns(128, True, 1023, 1023)
-    assert turns(64, True, 1024, 1024) and turns(128, False, 8192, 8192)
-    try:
-        ext.set_sm90_choice(1, 128, True, ext.seqlen_bucket(2048), 2)
-        assert not turns(128, True, 2048, 2048) and turns(128, False, 2048, 2048)  # only that class
-        ext.set_sm90_choice(1, 128, True, ext.seqlen_bucket(2048), 3)
-        assert turns(128, True, 2048, 2048)
-        with pytest.raises(ValueError):  # <= 1k: the threshold's bucket
-            ext.set_sm90_choice(1, 128, True, 0, 3)
-        with pytest.raises(ValueError):  # the forward has no schedules
-            ext.set_sm90_choice(0, 128, True, 1, 3)
-        monkeypatch.setenv("FLASHGPT_SM90_BWD_PINGPONG", "0")
-        assert not turns(128, True, 2048, 2048) and not turns(64, False, 8192, 8192)
-        monkeypatch.setenv("FLASHGPT_SM90_BWD_PINGPONG", "1")
-        assert turns(64, False, 512, 512)
-        monkeypatch.delenv("FLASHGPT_SM90_BWD_PINGPONG")
-        torch.manual_seed(next(_seed))  # 2 x 1100 queries: turns by default, lock-step forced; same bits
-        q, k, v = (torch.randn(2, 1100, 3, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                   for _ in range(3))
-        dout = torch.randn_like(q)
-        out = flash_attn_func(q, k, v, causal=True, deterministic=True)
-        grads = torch.autograd.grad(out, (q, k, v), dout)
-        ext.set_sm90_choice(1, 128, True, ext.seqlen_bucket(1100), 2)
-        out = flash_attn_func(q, k, v, causal=True, deterministic=True)
-        for a, b in zip(grads, torch.autograd.grad(out, (q, k, v), dout)):
-            assert torch.equal(a, b)
-    finally:
-        _reset_dispatch(ext)
