@@ -34,6 +34,26 @@ def fresh_factory(first_seed: int):
     return fresh
 
 
+@contextlib.contextmanager
+def poison_uninitialised_memory():
+    """torch.empty / at::empty (also inside our binding), new_empty and empty_like fill float tensors
+    with NaN meanwhile: PyTorch's own mechanism (deterministic algorithms on, warn_only so an op without
+    a deterministic version only warns, and torch.utils.deterministic.fill_uninitialized_memory).
+    Our kernels take `deterministic` as an argument, so the global mode changes no kernel choice."""
+    import torch.utils.deterministic as det
+
+    was_on = torch.are_deterministic_algorithms_enabled()
+    was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_fill = det.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    det.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was_on, warn_only=was_warn_only)
+        det.fill_uninitialized_memory = was_fill
+
+
 # The Hopper dispatch table (csrc/hopper/dispatch.cu): one choice per (pass, head dim, causal, seqlen
 # bucket); pass 0 forward / 1 backward, head dims 64 and 128, buckets 0-3 (ext.seqlen_bucket(seqlen_k):
 # <= 1k, 2k, 4k, longer keys). Choice -1 = the built-in default, 0 = the FA2 kernel, 1 = the Hopper kernel

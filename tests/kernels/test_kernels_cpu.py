@@ -1,7 +1,6 @@
 """CPU-runnable checks: import, availability, clear errors, validation, reference math."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
