@@ -1,0 +1,98 @@
+"""bench/paper_table.py: the paper's Table 1 as runs of launch/train.py, one per (model, context,
+attention) cell, appended to one results file; a cell already there is skipped; the markdown table and
+the PNG chart from the file. The end-to-end test runs the tiny CPU config with two attention columns."""
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+import paper_table
+
+
+
+def _rec(model, seq, attention, tflops=None, status="ok", recompute=False, nproc=1, gpu="NVIDIA H100 80GB HBM3"):
+    rec = {"model": model, "seq": seq, "attention": attention, "nproc": nproc, "gpu": gpu, "status": status,
+           "recompute": recompute}
+    if status == "ok":
+        rec.update(tflops_paper=tflops, tflops_causal=tflops * 0.8, mfu_paper=tflops / 989,
+                   tokens_per_s_per_gpu=1000.0, peak_mem_gb=10.0)
+    return rec
+
+
+def test_sequence_lengths():
+    assert paper_table.seq_tokens("2k") == 2048 and paper_table.seq_tokens("8K") == 8192
+    assert paper_table.seq_tokens("128") == 128 and paper_table.seq_label(8192) == "8k"
+    with pytest.raises(SystemExit, match="--seq 'eight'"):
+        paper_table.seq_tokens("eight")
+
+
+def test_table_beside_the_paper():
+    """Per row: our columns (TFLOP/s per GPU and MFU), * where the attention was recomputed, OOM where
+    even that did not fit, our speed-ups over 'without' and over PyTorch's FA2, the paper's A100 figures
+    and its own ratios (8k: 3.06x / 1.29x at 1.3B)."""
+    gpu = "NVIDIA H100 80GB HBM3"
+    results = [_rec("1.3b", 8192, "math", 200.0, recompute=True), _rec("1.3b", 8192, "sdpa_flash", 400.0),
+               _rec("1.3b", 8192, "sdpa_cudnn", 600.0), _rec("1.3b", 8192, "flash", 690.0),
+               _rec("2.7b", 8192, "math", status="oom"), _rec("2.7b", 8192, "flash", 660.0),
+               _rec("1.3b", 8192, "flash", 100.0, nproc=4)]  # another GPU count: not in this table
+    text = paper_table.markdown(results, 1, gpu, paper_table.DEFAULT_COLUMNS)
+    row13 = next(line for line in text.splitlines() if line.startswith("| GPT3-1.3B, 8k"))
+    assert "| 200 (20%)* | 400 (40%) | 600 (61%) | 690 (70%) |" in row13
+    assert "| 3.45x | 1.73x | 72 / 170 / 220 (71%) | 3.06x | 1.29x |" in row13
+    row27 = next(line for line in text.splitlines() if line.startswith("| GPT3-2.7B, 8k"))
+    assert "| OOM | - | - | 660 (67%) | - | - | 80 / 175 / 225 (72%) | 2.81x | 1.29x |" in row27
+    assert "(no cells" in paper_table.markdown(results, 2, gpu, paper_table.DEFAULT_COLUMNS)
+
+
+def test_chart_is_written(tmp_path):
+    results = [_rec("1.3b", 2048, "math", 150.0), _rec("1.3b", 2048, "flash", 600.0),
+               _rec("2.7b", 8192, "math", status="oom"), _rec("2.7b", 8192, "flash", 660.0)]
+    png = paper_table.chart(results, 1, "NVIDIA H100 80GB HBM3", ["math", "flash"], tmp_path / "t.png")
+    assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert paper_table.chart(results, 8, "NVIDIA H100 80GB HBM3", ["math"], tmp_path / "none.png") is None
+
+
+def test_results_file_survives_a_torn_line(tmp_path):
+    path = tmp_path / "cells.jsonl"
+    paper_table.append_result(path, _rec("1.3b", 2048, "flash", 600.0))
+    with open(path, "a") as f:
+        f.write('{"model": "1.3b", "se')  # a run killed while appending
+    assert [r["attention"] for r in paper_table.read_results(path)] == ["flash"]
+
+
+def test_bad_arguments_are_one_line():
+    with pytest.raises(SystemExit):
+        paper_table.parse_args(["--steps", "3", "--warmup", "3"])
+    with pytest.raises(SystemExit):
+        paper_table.parse_args(["train.compile"])
+
+
+@pytest.mark.slow
+def test_two_columns_on_the_tiny_config(tmp_path, capsys):
+    """Two attention columns of the tiny CPU model, two steps each: two launch/train.py runs under
+    torchrun, each an offline W&B run of the group with its tags; the results file gets both cells; a
+    second call runs nothing and prints the same table."""
+    out = tmp_path / "pt"
+    argv = ["--nproc", "1", "--models", "tiny", "--seq", "128", "--attention", "math", "sdpa", "--steps", "2",
+            "--warmup", "1", "--out-dir", str(out), "--group", "tiny-table", "train.device=cpu"]
+    assert paper_table.main(argv) == 0
+    cells = paper_table.read_results(out / "cells.jsonl")
+    assert [(c["attention"], c["status"], c["gpu"]) for c in cells] == [("math", "ok", "cpu"), ("sdpa", "ok", "cpu")]
+    for c in cells:
+        assert c["tflops_paper"] > 0 and c["micro_batch"] == 8 and c["global_batch"] == 16
+        run_dir = Path(c["run_dir"])
+        assert run_dir.name == f"tiny-128-{c['attention']}-1gpu"
+        config = OmegaConf.load(run_dir / "config.yaml")
+        assert config.model.attention == c["attention"] and config.logging.group == "tiny-table"
+        assert c["attention"] in config.logging.tags and "1gpu" in config.logging.tags
+        assert list((run_dir / "wandb").glob("offline-run-*")), "no offline W&B run"
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["steady/steps"] == 1
+    first = capsys.readouterr().out
+    assert "| tiny (CPU test), 128 |" in first and (out / "paper_table_1gpu.png").is_file()
+
+    assert paper_table.main(argv) == 0  # both cells measured already: no run
+    second = capsys.readouterr().out
+    assert second.count("already") == 2 and len(paper_table.read_results(out / "cells.jsonl")) == 2
+    assert first.split("\n\n", 1)[1].split("chart:")[0] == second.split("\n\n", 1)[1].split("chart:")[0]
