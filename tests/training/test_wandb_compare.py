@@ -172,3 +172,23 @@ def test_other_ranks_write_no_summary(tmp_path):
     with RunLogger(make_cfg(wandb="disabled"), tmp_path / "r1", rank=1, total_steps=1) as log:
         log.log(1, train_record(1, 0.1))
     assert not (tmp_path / "r1").exists()
+
+
+def test_a_training_run_as_paper_table_starts_it(tmp_path):
+    """launch/train.py with the overrides bench/paper_table.py passes: the W&B run is in the group with
+    the tags, eval records carry tokens_seen, and summary.json holds the steps after the warm-up."""
+    from train_runner import run as train
+    train(tmp_path, tmp_path / "cache", "train.max_steps=6", "train.run_name=cell_flash", "train.ckpt_interval=0",
+          "logging.group=paper-table", "logging.tags=[tiny,64,flash]", "logging.summary_warmup_steps=2")
+    run = tmp_path / "cell_flash"
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    tokens = {r["step"]: r["tokens_seen"] for r in recs if "loss" in r}
+    evals = [r for r in recs if "eval/loss" in r]
+    assert [r["step"] for r in evals] == [3, 6]
+    assert all(r["tokens_seen"] == tokens[r["step"]] == 8 * 64 * r["step"] for r in evals)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steady/steps"] == 4 and summary["steady/tflops_paper"] > 0
+    (_, r), = of_type(wandb_records(run), "run")
+    assert r.run.display_name == "cell_flash" and r.run.run_group == "paper-table"
+    assert list(r.run.tags) == ["tiny", "64", "flash"]
+    assert wandb_summary(wandb_records(run))["steady/steps"] == 4
