@@ -67,7 +67,7 @@ def test_paper_shapes():
     (["logging.tags=[a,[b]]"], "logging.tags: \\['b'\\] is not a tag"),
     (["logging.tags=[a,'']"], "1 to 64 characters"),
     (["logging.tags=[" + "x" * 65 + "]"], "1 to 64 characters"),
-    (["logging.summary_warmup_steps=-1"], "summary_warmup_steps"),
+    (["logging.summary_warmup_steps=-1"], "summary_warmup_steps=-1 must be >= 0"),
     (["data.tokenizer_vocab_size=9000"], "model.vocab_size"),
     (["data.val_fraction=0"], "val_fraction"),
     (["max_steps"], "key=value"),
