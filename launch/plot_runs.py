@@ -5,7 +5,7 @@
 
 Panels (x = optimizer step, or with --x tokens the tokens trained on (key tokens_seen); one line per
 run, labelled by run folder name, or with --label KEY by that key's value in the run's config.yaml):
-  loss              train (solid) and eval (dashed, dots) when logged
+  loss              train (the run's line) and eval (its marker, open, no line) when logged
   (--smooth N: trailing moving average of N logged points on the train curves, not on eval)
   TFLOP/s per GPU   model FLOPs, paper convention (key tflops_paper)
   MFU (paper)       percent of peak (key mfu_paper); only when some run reports it (not on CPU)
