@@ -85,6 +85,10 @@ class LoggingConfig:
     log_interval: int = 1  # steps between log lines
     progress: bool = True  # console progress bar
     jsonl: bool = True  # metrics.jsonl in the run folder
+    group: str = ""  # W&B run group (runs compared side by side); "" = none
+    tags: List[str] = field(default_factory=list)  # W&B run tags, 1 to 64 characters each
+    # logged train steps left out of the steady/* medians of the run's summary (they include compilation)
+    summary_warmup_steps: int = 3
 
 
 @dataclass
@@ -216,6 +220,16 @@ def _choice(value: str, allowed: tuple, key: str) -> None:
         raise ConfigError(f"{key}='{value}' is not one of {', '.join(allowed)}")
 
 
+def _check_tags(tags: Any) -> None:
+    """W&B run tags: a list of strings of 1 to 64 characters (wandb.init refuses others)."""
+    if not isinstance(tags, (list, tuple, ListConfig)):
+        raise ConfigError(f"logging.tags={tags!r} is not a list; write logging.tags=[a,b]")
+    for tag in tags:
+        if not isinstance(tag, str) or not 1 <= len(tag) <= 64:
+            raise ConfigError(f"logging.tags: {tag!r} is not a tag; each tag is a string of 1 to 64 "
+                              f"characters, e.g. logging.tags=[1.3b,8k,flash]")
+
+
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Check shapes and cross-field consistency; raise ConfigError naming the key and the fix."""
     m, t, o = cfg.model, cfg.train, cfg.optim
@@ -281,6 +295,9 @@ def validate(cfg: Config, world_size: int = 1) -> None:
                           "only around that module's own forward, which the fused MLP does not call); use "
                           "model.mlp=auto (the torch MLP there) or torch")
     _choice(cfg.logging.wandb, ("offline", "online", "disabled"), "logging.wandb")
+    _check_tags(cfg.logging.tags)
+    if cfg.logging.summary_warmup_steps < 0:
+        raise ConfigError(f"logging.summary_warmup_steps={cfg.logging.summary_warmup_steps} must be >= 0")
     _choice(t.device, ("auto", "cpu", "cuda"), "train.device")
     _choice(t.dtype, ("auto", "bf16", "fp32"), "train.dtype")
     per_step = t.micro_batch_size * world_size

@@ -362,7 +362,7 @@ class Trainer:
                         logger.log(step, metrics)
                     if self._due(t.eval_interval) and self.val_loader is not None:
                         self._mark(watchdog, f"evaluation after step {self.step}")
-                        logger.log_eval(self.step, {"loss": self.evaluate()})
+                        logger.log_eval(self.step, {"loss": self.evaluate(), "tokens_seen": self.tokens_seen})
                         self._mark(watchdog, f"step {self.step + 1}")
                         restart_intervals()
                 if self._due(t.ckpt_interval) or (self.step == stop_at and (t.save_final or self.step < t.max_steps)) or stop:

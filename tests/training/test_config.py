@@ -64,6 +64,10 @@ def test_paper_shapes():
     (["optim.min_lr=1.0"], "min_lr"),
     (["engine.zero_stage=4"], "zero_stage"),
     (["logging.wandb=sometimes"], "logging.wandb"),
+    (["logging.tags=[a,[b]]"], "logging.tags: \\['b'\\] is not a tag"),
+    (["logging.tags=[a,'']"], "1 to 64 characters"),
+    (["logging.tags=[" + "x" * 65 + "]"], "1 to 64 characters"),
+    (["logging.summary_warmup_steps=-1"], "summary_warmup_steps=-1 must be >= 0"),
     (["data.tokenizer_vocab_size=9000"], "model.vocab_size"),
     (["data.val_fraction=0"], "val_fraction"),
     (["max_steps"], "key=value"),
@@ -71,6 +75,14 @@ def test_paper_shapes():
 def test_bad_config_one_clear_error(overrides, words):
     with pytest.raises(ConfigError, match=words):
         load_config("tiny_cpu.yaml", overrides)
+
+
+def test_wandb_group_and_tags_overrides():
+    cfg = load_config("tiny_cpu.yaml", ["logging.group=paper", "logging.tags=[1.3b,8k,flash]"])
+    assert cfg.logging.group == "paper" and cfg.logging.tags == ["1.3b", "8k", "flash"]
+    assert load_config("tiny_cpu.yaml", ["logging.tags=solo"]).logging.tags == ["solo"]
+    default = load_config("tiny_cpu.yaml")
+    assert default.logging.group == "" and default.logging.tags == [] and default.logging.summary_warmup_steps == 3
 
 
 def test_missing_config_file_lists_known():

@@ -73,7 +73,7 @@ def test_other_ranks_and_disabled_write_nothing(tmp_path, isolated_env):
         log.info("a message")
         log.log(1, {"loss": 1.0, "tokens_per_s": 2e3, "mfu_paper": 0.5})
         assert log.wandb_id is None
-    assert sorted(p.name for p in (tmp_path / "r0").iterdir()) == ["metrics.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "r0").iterdir()) == ["metrics.jsonl", "summary.json"]
     assert not any(isolated_env.iterdir())
 
 

@@ -2,8 +2,12 @@
 
 No backend failure ever stops training: each backend warns once and the run goes on. W&B runs
 offline by default, keeps its files under run_dir/wandb, and continues the same run id on resume
-(store `RunLogger.wandb_id` in checkpoints). Train metrics are logged under their own names
-("loss", "mfu_paper", ...); evaluation metrics under "eval/<name>".
+(store `RunLogger.wandb_id` in checkpoints), in the group and with the tags of logging.group /
+logging.tags. Train metrics are logged under their own names ("loss", "mfu_paper", ...); evaluation
+metrics under "eval/<name>". Every metric has the step's tokens (key "tokens_seen") as its W&B x-axis
+(define_metric step_metric), and the W&B step stays the optimizer step. When the run ends, the
+steady-state medians of training/telemetry/summary.py go into the W&B run's summary and into
+<run_dir>/summary.json.
 """
 from __future__ import annotations
 
@@ -19,12 +23,16 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from training.telemetry.metrics import format_mfu
+from training.telemetry.summary import PEAK_MEM_KEY, STEADY_KEYS, read_jsonl, steady_summary, write_summary
 
 # W&B summaries so runs line up side by side in the runs table.
 WANDB_SUMMARIES = {"loss": "min,last", "eval/loss": "min,last", "tokens_per_s": "mean",
                    "tokens_per_s_per_gpu": "mean", "tflops_paper": "mean", "tflops_causal": "mean",
                    "mfu_paper": "mean", "mfu_causal": "mean", "step_time_s": "mean",
                    "gpu_sm_clock_mhz": "mean", "gpu_power_w": "mean", "gpu_j_per_token": "mean"}
+STEP_METRIC = "tokens_seen"  # the x-axis W&B offers for every metric (define_metric step_metric)
+# what a train record keeps in memory for the summary (used where metrics.jsonl is not written)
+_SUMMARY_FIELDS = ("step", "loss", PEAK_MEM_KEY) + STEADY_KEYS
 
 
 def _config_dict(cfg: Any) -> dict:
@@ -82,6 +90,9 @@ class RunLogger:
         self.active = rank == 0
         self._warned: set = set()
         self._bar = self._jsonl = self._wandb = None
+        self._defined: set = set()  # metrics given their W&B definition in this process
+        self._records: list = []  # this process's train records, _SUMMARY_FIELDS only
+        self.summary: Optional[dict] = None  # the steady-state summary, set by close()
         if not self.active:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -128,6 +139,7 @@ class RunLogger:
             os.environ[var] = str(wdir / sub)
         self.wandb_id = self.wandb_id or new_run_id()
         kwargs = dict(project=self.cfg.logging.project, name=self.cfg.train.run_name, id=self.wandb_id,
+                      group=self.cfg.logging.group or None, tags=list(self.cfg.logging.tags) or None,
                       resume="allow", config=_config_dict(self.cfg), dir=str(self.run_dir),
                       settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))
         try:
@@ -144,8 +156,8 @@ class RunLogger:
         if run is None:
             return
         self._wandb = run
-        for name, summary in WANDB_SUMMARIES.items():
-            self._guard("wandb", run.define_metric, name, summary=summary)
+        self._guard("wandb", run.define_metric, STEP_METRIC, summary="max")
+        self._define(WANDB_SUMMARIES)
         actual = getattr(run.settings, "mode", mode)
         self.info(f"W&B run {self.wandb_id} ({actual}) in {wdir}")
         if self.start_step > 0:
@@ -174,10 +186,20 @@ class RunLogger:
             if isinstance(step, int) and floor <= step <= self.start_step and step not in have:
                 lost.setdefault(step, {}).update(rec)
         for step in sorted(lost):
+            self._define(lost[step])
             run.log(lost[step], step=step)
         if lost:
             self.info(f"W&B: logged {len(lost)} steps again ({min(lost)}-{max(lost)}) that the run lacked "
                       f"after an interrupted run; metrics.jsonl had them")
+
+    def _define(self, names) -> None:
+        """Give each metric not yet defined in this process tokens_seen as its x-axis (and its summary
+        of WANDB_SUMMARIES). W&B inserts the last tokens_seen into a record that lacks it (step_sync)."""
+        for name in names:
+            if name not in self._defined and name != STEP_METRIC:
+                self._defined.add(name)
+                self._guard("wandb", self._wandb.define_metric, name, step_metric=STEP_METRIC,
+                            summary=WANDB_SUMMARIES.get(name))
 
     # --- public API ---------------------------------------------------------------------------
     def should_log(self, step: int) -> bool:
@@ -198,16 +220,18 @@ class RunLogger:
         if not self.active:
             return
         record = {k: _clean(v) for k, v in metrics.items()}
+        self._records.append({"step": step, **{k: record[k] for k in _SUMMARY_FIELDS if k in record}})
         self._write(step, record)
         self._guard("console", self._console, step, record)
 
     def log_eval(self, step: int, metrics: Dict[str, Any]) -> None:
-        """Record evaluation metrics; keys are prefixed 'eval/'."""
+        """Record evaluation metrics; keys are prefixed 'eval/' (tokens_seen, the x-axis, is not)."""
         if not self.active:
             return
-        record = {(k if k.startswith("eval/") else f"eval/{k}"): _clean(v) for k, v in metrics.items()}
+        record = {(k if k.startswith("eval/") or k == STEP_METRIC else f"eval/{k}"): _clean(v)
+                  for k, v in metrics.items()}
         self._write(step, record)
-        self.info(f"step {step}: " + " ".join(f"{k}={_fmt(v)}" for k, v in record.items()))
+        self.info(f"step {step}: " + " ".join(f"{k}={_fmt(v)}" for k, v in record.items() if k != STEP_METRIC))
 
     def advance(self, step: int) -> None:
         """Move the progress bar to `step` without metrics."""
@@ -219,6 +243,7 @@ class RunLogger:
             line = json.dumps({"step": step, "time": time.time(), **record})
             self._guard("jsonl", lambda: (self._jsonl.write(line + "\n"), self._jsonl.flush()))
         if self._wandb is not None:
+            self._define(record)
             self._guard("wandb", self._wandb.log, record, step=step)
 
     def _console(self, step: int, m: Dict[str, Any]) -> None:
@@ -248,9 +273,21 @@ class RunLogger:
         if self._jsonl is not None:
             self._guard("jsonl", self._jsonl.close)
             self._jsonl = None
+        self._guard("summary", self._summarize)
         if self._wandb is not None:
             self._guard("wandb", self._wandb.finish, exit_code=exit_code)
             self._wandb = None
+
+    def _summarize(self) -> None:
+        """The steady-state summary over the whole run: metrics.jsonl where written (it holds the
+        steps of earlier sessions of a resumed run too), else this process's records. Into
+        <run_dir>/summary.json and the W&B run's summary."""
+        path = self.run_dir / "metrics.jsonl"
+        records = read_jsonl(path) if self.cfg.logging.jsonl and path.is_file() else self._records
+        self.summary = steady_summary(records, self.cfg.logging.summary_warmup_steps)
+        write_summary(self.run_dir / "summary.json", self.summary)
+        if self._wandb is not None:
+            self._guard("wandb", self._wandb.summary.update, self.summary)
 
     def __enter__(self) -> "RunLogger":
         return self
