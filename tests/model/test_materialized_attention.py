@@ -1,6 +1,5 @@
 """model.attention=math (model/materialized_attention.py): the scores-materialising attention against the fp32
-reference, forward and gradients, and its op staying opaque to torch.compile (TorchInductor would otherwise
-be free to rewrite a matmul-softmax-matmul chain into SDPA)."""
+reference, forward and gradients (under torch.compile: tests/model/test_attention_compile.py)."""
 import pytest
 import torch
 
@@ -86,32 +85,3 @@ def test_module_with_grouped_query_heads_matches_reference_backend(n_kv_head):
     g_ref = torch.autograd.grad(y_ref.square().sum(), list(ref.parameters()))
     for a, b in zip(g, g_ref):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-
-
-def test_compiled_graph_keeps_the_op_and_no_sdpa():
-    """Under torch.compile (inductor, fullgraph), forward and backward call flashgpt::math_attn_* and no
-    scaled_dot_product_attention op, and give the eager results."""
-    from torch._inductor.utils import run_and_get_code
-
-    cfg = GPTConfig(d_model=32, n_head=2, seq_len=16)
-    torch.manual_seed(4)
-    attn = CausalSelfAttention(cfg, "math")
-    x = torch.randn(2, 15, 32)
-
-    def step(module):
-        attn.zero_grad()
-        y = module(x)
-        y.square().sum().backward()
-        return y, [p.grad.clone() for p in attn.parameters()]
-
-    torch._dynamo.reset()
-    compiled = torch.compile(attn, fullgraph=True)
-    with torch._inductor.config.patch(fx_graph_cache=False):  # compile here: generated code to read
-        (y, grads), code = run_and_get_code(step, compiled)
-    code = "\n".join(code)  # the forward's and the backward's generated code
-    assert "flashgpt.math_attn_fwd" in code and "flashgpt.math_attn_bwd" in code, code[-3000:]
-    assert "scaled_dot_product" not in code and "_flash_attention" not in code, code[-3000:]
-    y_eager, g_eager = step(attn)
-    torch.testing.assert_close(y, y_eager, rtol=1e-5, atol=1e-6)
-    for a, b in zip(grads, g_eager):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
