@@ -447,7 +447,8 @@ class Trainer:
         c = self.cfg
         return (f"run {self.run_dir} | {c.model.n_layer}L d{c.model.d_model} h{c.model.n_head} "
                 f"seq {c.model.seq_len} | {c.model.num_params() / 1e6:.2f}M params | attention "
-                f"{self.engine.model.attention_backend} | MLP {getattr(self.engine.model, 'mlp_impl', 'torch')}"
+                f"{self.engine.model.attention_backend}"
+                f"{' (recomputed in backward)' if c.model.recompute_attention else ''} | MLP {getattr(self.engine.model, 'mlp_impl', 'torch')}"
                 f"{' | torch.compile' if self.engine.compiled else ''}"
                 f"{self._engine_banner()} | "
                 f"{self.dist.world_size} rank(s) on "
