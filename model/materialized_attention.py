@@ -4,13 +4,17 @@
 Forward, in the input dtype (bf16 under autocast) except the softmax:
     S = Q K^T * scale        one GEMM with the scale as its alpha, (B, H, Tq, Tk)
     S[masked] = -inf         causal, or the given boolean mask (True = attend)
-    P = softmax(S) in fp32, cast back to the input dtype; saved for the backward
+    P = softmax(S) in fp32, rounded to the input dtype; saved for the backward
     O = P V
 Backward from the saved P:
-    dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dP * P)) in fp32 (the softmax's own backward,
-    as autograd through Megatron's fp32 softmax computes it; rowsum(dP * P) equals FlashAttention's
-    rowsum(dO * O) exactly, and unlike the latter it cancels where a row attends to one key only),
+    dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dP * P)) in fp32, rounded to the input dtype
+    (the softmax's own backward; rowsum(dP * P) equals FlashAttention's rowsum(dO * O) in exact
+    arithmetic, and unlike the latter it cancels where a row attends to one key only),
     dQ = dS K * scale,  dK = dS^T Q * scale
+The softmax and its backward run as PyTorch's softmax kernels, which compute a 16-bit input in fp32 and
+write the result once in the input dtype -- as Megatron-LM's fused (scaled, masked) softmax kernels do
+for its default unfused attention -- so the (s x s) tensors held at once are S or dP, P and dS in the
+input dtype (2 bytes an element in bf16), never an fp32 copy.
 
 Why a torch.library custom op: TorchInductor's pattern passes rewrite a matmul-softmax-matmul chain
 into scaled_dot_product_attention (torch/_inductor/fx_passes/fuse_attention.py), which would quietly
@@ -50,7 +54,7 @@ def _fwd_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: floa
         mask = torch.ones(tq, tk, dtype=torch.bool, device=s.device).tril(tk - tq)
     if mask is not None:
         s.masked_fill_(~mask, float("-inf"))
-    p = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+    p = torch.softmax(s, dim=-1)  # fp32 inside for 16-bit s (max, sum, exp), written in q.dtype
     del s
     return _bmm(p, v), p
 
@@ -65,10 +69,10 @@ def _(q, k, v, mask, scale, causal):
 def _bwd_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, p: Tensor,
             scale: float) -> tuple[Tensor, Tensor, Tensor]:
     dv = _bmm(p.transpose(-2, -1), dout)  # (B, H, Tk, Dv)
-    dp = _bmm(dout, v.transpose(-2, -1)).float()  # (B, H, Tq, Tk)
-    pf = p.float()
-    ds = (pf * (dp - (dp * pf).sum(-1, keepdim=True))).to(q.dtype)  # masked entries have p = 0, so ds = 0
-    del dp, pf
+    dp = _bmm(dout, v.transpose(-2, -1))  # (B, H, Tq, Tk)
+    # p * (dp - rowsum(dp * p)), fp32 inside, written in q.dtype; masked entries have p = 0, so ds = 0
+    ds = torch.ops.aten._softmax_backward_data(dp, p, -1, q.dtype)
+    del dp
     dq = _bmm(ds, k, scale)
     dk = _bmm(ds.transpose(-2, -1), q, scale)
     return dq, dk, dv
