@@ -107,7 +107,7 @@ def resolve_backend(requested: str, device: torch.device, head_dim: int = 128,
     if device.type != "cuda":
         if requested == "flash":
             raise AttentionUnavailable("model.attention=flash needs a CUDA device; on this machine use "
-                               "model.attention=sdpa (or auto)")
+                                       "model.attention=sdpa (or auto)")
         return "sdpa", f"auto on {device.type}: our kernel is CUDA-only"
     if requested == "auto" and (head_dim > 128 or dtype not in (torch.bfloat16, torch.float16)):
         return "sdpa", (f"auto: our kernel takes bf16/fp16 and head dim <= 128, this model computes "

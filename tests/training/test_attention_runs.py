@@ -46,12 +46,15 @@ def test_math_trains_the_loss_of_sdpa(tmp_path, cache_dir, capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
-def test_sdpa_cudnn_on_a_cpu_is_one_config_error_line(tmp_path, cache_dir):
+@pytest.mark.parametrize("choice,line", [
+    ("sdpa_cudnn", "model.attention=sdpa_cudnn needs a CUDA GPU (cuDNN); on cpu use model.attention=sdpa_flash, "
+                   "sdpa or math"),
+    ("flash", "model.attention=flash needs a CUDA device; on this machine use model.attention=sdpa (or auto)"),
+])
+def test_a_gpu_only_attention_on_a_cpu_is_one_config_error_line(tmp_path, cache_dir, choice, line):
     cmd = [sys.executable, TRAIN, "--config", "tiny_cpu.yaml", f"train.out_dir={tmp_path}",
-           f"data.cache_dir={cache_dir}", *FAST, "logging.wandb=disabled", "model.attention=sdpa_cudnn"]
+           f"data.cache_dir={cache_dir}", *FAST, "logging.wandb=disabled", f"model.attention={choice}"]
     proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert proc.stderr.strip().splitlines()[-1] == (
-        "config error: model.attention=sdpa_cudnn needs a CUDA GPU (cuDNN); on cpu use "
-        "model.attention=sdpa_flash, sdpa or math"), proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == f"config error: {line}", proc.stderr[-3000:]
