@@ -1,28 +1,72 @@
 """Causal self-attention and the one place that chooses how attention is computed.
 
 Backends (chosen once per model, logged):
-  flash     - our FlashAttention-2 CUDA kernel (`kernels.flash_attn_func`), CUDA + bf16/fp16 only
-  sdpa      - PyTorch's scaled_dot_product_attention (picks flash/cuDNN/math itself)
-  reference - plain matmul + softmax in fp32; slow, for checking
-  auto      - ours on CUDA in bf16/fp16 (else, or where it cannot load, SDPA)
+  flash      - our FlashAttention-2 CUDA kernel (`kernels.flash_attn_func`), CUDA + bf16/fp16 only
+  sdpa       - PyTorch's scaled_dot_product_attention (picks flash/cuDNN/math itself)
+  sdpa_flash - SDPA held to its FlashAttention-2 backend (no fallback: it runs or the run is refused)
+  sdpa_cudnn - SDPA held to its cuDNN backend (CUDA only)
+  math       - standard attention materialising the s x s scores in the input dtype, softmax in fp32
+               (model/materialized_attention.py): the FlashAttention-2 paper's "without FlashAttention"
+  reference  - plain matmul + softmax in fp32; slow, for checking
+  auto       - ours on CUDA in bf16/fp16 (else, or where it cannot load, SDPA)
+model.recompute_attention recomputes the attention's forward in the backward (any backend).
 """
 from __future__ import annotations
 
 import logging
 import math
+import warnings
 from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from model.config import GPTConfig
 from model.linear import Linear
+from model.materialized_attention import materialized_attention
 from model.rope import apply_rotary
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("flash", "sdpa", "reference")
+BACKENDS = ("flash", "sdpa", "sdpa_flash", "sdpa_cudnn", "math", "reference")
+# SDPA held to one backend: model.attention -> torch's SDPBackend member name
+SDPA_ONLY = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION"}
+
+
+class AttentionUnavailable(RuntimeError):
+    """model.attention names a backend that cannot run on this device / dtype / head dim; the message
+    names the choice and what to use instead (the trainer reports it as a config error)."""
+
+
+def _sdpa_backend(name: str):
+    from torch.nn.attention import SDPBackend
+
+    return getattr(SDPBackend, SDPA_ONLY[name])
+
+
+def _sdpa_only_status(requested: str, device: torch.device, head_dim: int,
+                      dtype: torch.dtype) -> Tuple[bool, str]:
+    """Whether SDPA's one backend runs forward and backward here: a tiny causal call at the model's
+    head dim and dtype (torch's own checks, which differ by device, GPU and version, decide)."""
+    from torch.nn.attention import sdpa_kernel
+
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return False, "no CUDA GPU is visible"
+    with warnings.catch_warnings(record=True) as caught, torch.enable_grad():
+        warnings.simplefilter("always")  # torch says why a backend cannot run in warnings
+        try:
+            # fixed values, not random ones: the probe must not move the RNG that initialises the weights
+            q = torch.linspace(-1, 1, 8 * head_dim, device=device).view(1, 1, 8, head_dim).to(dtype)
+            q.requires_grad_()
+            with sdpa_kernel(_sdpa_backend(requested)):
+                F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+        except RuntimeError as e:
+            said = [str(w.message) for w in caught] or [str(e)]
+            said = [m.splitlines()[0].split(". ")[0].rstrip(".") for m in said if m]  # first sentences
+            return False, "; ".join(dict.fromkeys(said))
+    return True, f"PyTorch SDPA, its {SDPA_ONLY[requested]} backend only"
 
 
 def _our_kernel_status() -> Tuple[bool, str]:
@@ -47,10 +91,23 @@ def resolve_backend(requested: str, device: torch.device, head_dim: int = 128,
     """
     if requested in ("sdpa", "reference"):
         return requested, "asked for in model.attention"
+    if requested == "math":
+        return requested, "asked for in model.attention: scores materialised, softmax in fp32"
+    if requested == "sdpa_cudnn" and device.type != "cuda":
+        raise AttentionUnavailable(f"model.attention=sdpa_cudnn needs a CUDA GPU (cuDNN); on {device.type} use "
+                                   f"model.attention=sdpa_flash, sdpa or math")
+    if requested in SDPA_ONLY:
+        ok, why = _sdpa_only_status(requested, device, head_dim, dtype)
+        if not ok:
+            raise AttentionUnavailable(
+                f"model.attention={requested} cannot run on {device.type} in {str(dtype).replace('torch.', '')} "
+                f"at head dim {head_dim} (PyTorch: {why}); use model.attention=sdpa (PyTorch picks a backend) "
+                f"or math" + ("" if device.type == "cuda" else ", or run on a CUDA GPU"))
+        return requested, why
     if device.type != "cuda":
         if requested == "flash":
-            raise RuntimeError("model.attention=flash needs a CUDA device; on this machine use "
-                               "model.attention=sdpa (or auto)")
+            raise AttentionUnavailable("model.attention=flash needs a CUDA device; on this machine use "
+                                       "model.attention=sdpa (or auto)")
         return "sdpa", f"auto on {device.type}: our kernel is CUDA-only"
     if requested == "auto" and (head_dim > 128 or dtype not in (torch.bfloat16, torch.float16)):
         return "sdpa", (f"auto: our kernel takes bf16/fp16 and head dim <= 128, this model computes "
@@ -61,7 +118,7 @@ def resolve_backend(requested: str, device: torch.device, head_dim: int = 128,
             return "flash", f"auto on CUDA: {why}"
         return "sdpa", f"auto: our kernel is unavailable ({why}); using SDPA"
     if not ok:
-        raise RuntimeError(f"model.attention=flash but our kernel is unavailable: {why}")
+        raise AttentionUnavailable(f"model.attention=flash but our kernel is unavailable: {why}")
     return "flash", why
 
 
@@ -107,6 +164,15 @@ class CausalSelfAttention(nn.Module):
         # our kernel's backward adds dQ in a fixed order (bit-repeatable, slower); set from outside
         # (training/resilience/determinism.py) for train.deterministic
         self.deterministic = False
+        # model.recompute_attention: keep only q, k, v (not the backend's own saved tensors, the s x s
+        # probabilities for `math`) and run the attention's forward again in the backward
+        self.recompute = cfg.recompute_attention
+
+    def _attend(self, fn, *args):
+        if self.recompute and torch.is_grad_enabled():
+            # the attention itself draws no random numbers: no RNG state to replay
+            return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
+        return fn(*args)
 
     def forward(self, x: torch.Tensor, rope_cache=None, cu_seqlens=None, max_seqlen=None):
         B, T, C = x.shape  # (batch, seq, d_model)
@@ -114,11 +180,8 @@ class CausalSelfAttention(nn.Module):
         qkv = self.qkv(x)  # (B, T, C + 2 kv_dim): q heads, k heads, v heads
         if self.backend == "flash" and not self.rotary and cu_seqlens is None:
             # our kernel on the packed heads: its backward returns one d(qkv), no concatenation
-            import kernels
-
             packed = qkv.view(B, T, self.n_head + 2 * self.n_kv_head, self.head_dim)
-            y = kernels.flash_attn_qkvpacked_func(packed, n_kv_heads=self.n_kv_head, causal=True,
-                                                  deterministic=self.deterministic)  # (B, T, H, D)
+            y = self._attend(self._flash_packed, packed)  # (B, T, H, D)
             return self.dropout(self.proj(y.reshape(B, T, C)))
         q, k, v = qkv.split([C, kv_dim, kv_dim], dim=-1)
         q = q.view(B, T, self.n_head, self.head_dim)  # (B, T, H, D)
@@ -127,10 +190,16 @@ class CausalSelfAttention(nn.Module):
         if self.rotary:
             q, k = apply_rotary(q, rope_cache), apply_rotary(k, rope_cache)
         if self.backend == "flash":
-            y = self._flash(q, k, v, cu_seqlens, max_seqlen)  # (B, T, H, D)
+            y = self._attend(self._flash, q, k, v, cu_seqlens, max_seqlen)  # (B, T, H, D)
         else:
-            y = self._torch(q, k, v, cu_seqlens)
+            y = self._attend(self._torch, q, k, v, cu_seqlens)
         return self.dropout(self.proj(y.reshape(B, T, C)))
+
+    def _flash_packed(self, packed):
+        import kernels
+
+        return kernels.flash_attn_qkvpacked_func(packed, n_kv_heads=self.n_kv_head, causal=True,
+                                                 deterministic=self.deterministic)  # (B, T, H, D)
 
     def _flash(self, q, k, v, cu_seqlens, max_seqlen):
         import kernels
@@ -149,9 +218,19 @@ class CausalSelfAttention(nn.Module):
         if self.n_kv_head != self.n_head:  # grouped-query: repeat K/V heads for the group
             rep = self.n_head // self.n_kv_head
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        if cu_seqlens is not None and self.backend in SDPA_ONLY:
+            raise ValueError(f"model.attention={self.backend} does not take document boundaries (its backend "
+                             f"has no mask); use data.doc_boundaries=false, or model.attention=sdpa or math")
         mask = doc_mask(cu_seqlens, B, T) if cu_seqlens is not None else None
         if self.backend == "reference":
             y = reference_attention(q, k, v, mask)
+        elif self.backend == "math":
+            y = materialized_attention(q, k, v, mask)
+        elif self.backend in SDPA_ONLY:
+            from torch.nn.attention import sdpa_kernel
+
+            with sdpa_kernel(_sdpa_backend(self.backend)):  # that backend or an error, never another
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         elif mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:

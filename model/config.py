@@ -24,7 +24,12 @@ class GPTConfig:
     bias: bool = True  # biases in linear layers and LayerNorm (GPT-2/3 style)
     dropout: float = 0.0  # on attention output and MLP output
     init_std: float = 0.02  # std of weights; residual projections scaled by 1/sqrt(2·n_layer)
-    attention: str = "auto"  # auto | flash (our kernel) | sdpa | reference
+    # auto | flash (our kernel) | sdpa | sdpa_flash / sdpa_cudnn (SDPA held to that one backend) | math
+    # (scores materialised, softmax in fp32: "without FlashAttention") | reference (fp32, for checking)
+    attention: str = "auto"
+    # recompute_attention: the attention keeps only q, k, v and runs its forward again in the backward
+    # (torch.utils.checkpoint around the attention call): what lets `math` fit at long context
+    recompute_attention: bool = False
     mlp: str = "auto"  # auto | fused (GELU in cuBLASLt's GEMM epilogues, CUDA) | torch (model/mlp.py)
     fused_loss: bool = True  # head + cross-entropy in row chunks, never holding full fp32 logits
     # The residual stream's dtype under autocast: fp32 (the embedding's dtype; the blocks' bf16 outputs

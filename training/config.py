@@ -252,7 +252,11 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"pos_emb=rope needs an even head_dim, got {head_dim}")
     _choice(m.pos_emb, ("learned", "rope"), "model.pos_emb")
     _choice(m.residual, ("fp32", "autocast"), "model.residual")
-    _choice(m.attention, ("auto", "flash", "sdpa", "reference"), "model.attention")
+    _choice(m.attention, ("auto", "flash", "sdpa", "sdpa_flash", "sdpa_cudnn", "math", "reference"),
+            "model.attention")
+    if cfg.data.doc_boundaries and m.attention in ("sdpa_flash", "sdpa_cudnn"):
+        raise ConfigError(f"model.attention={m.attention} does not take data.doc_boundaries (that SDPA backend "
+                          f"has no document mask); use model.attention=sdpa, math or auto, or doc_boundaries=false")
     _choice(m.mlp, ("auto", "fused", "torch"), "model.mlp")
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")

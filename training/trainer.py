@@ -17,9 +17,11 @@ import torch
 
 from data.loader import PackedLoader
 from data.prepare import prepare
+from model.attention import AttentionUnavailable
 from model.config import GPTConfig
 from model.gpt import GPT
-from training.config import Config, grad_accum_steps, save_resolved, to_dict, zero3_partitions_modules
+from training.config import (Config, ConfigError, grad_accum_steps, save_resolved, to_dict,
+                             zero3_partitions_modules)
 from training.distributed import DistInfo, control_store, rank0_first, stop_group
 from training.engines.base import autocast_dtype
 from training.engines.factory import build_engine
@@ -46,8 +48,8 @@ class NonFiniteError(RuntimeError):
 # model.* keys that choose how the same function is computed, not which weights or function: a run
 # may resume with other values (e.g. model.attention=sdpa after flash, model.residual=fp32, or without
 # the activation-memory options).
-IMPLEMENTATION_KEYS = ("attention", "mlp", "fused_loss", "residual", "recompute_gelu", "recompute_gelu_layers",
-                       "norm_saves_output", "fused_add_norm")
+IMPLEMENTATION_KEYS = ("attention", "recompute_attention", "mlp", "fused_loss", "residual", "recompute_gelu",
+                       "recompute_gelu_layers", "norm_saves_output", "fused_add_norm")
 
 
 def check_compatible(saved: dict, cfg: Config, path: Path) -> None:
@@ -98,7 +100,10 @@ class Trainer:
         model_cfg = cfg.model
         if zero3_partitions_modules(cfg) and model_cfg.mlp == "auto":  # the fused MLP reads fc / proj
             model_cfg = dataclasses.replace(model_cfg, mlp="torch")  # weights ZeRO-3 has not gathered
-        model = GPT(model_cfg, device=dist.device, attention_dtype=attention_dtype)
+        try:
+            model = GPT(model_cfg, device=dist.device, attention_dtype=attention_dtype)
+        except AttentionUnavailable as e:  # model.attention names a backend this device cannot run
+            raise ConfigError(str(e)) from None
         if t.deterministic:
             log.info(f"train.deterministic: {make_deterministic(model)}")
         engine = build_engine(model, cfg, dist)
@@ -442,7 +447,9 @@ class Trainer:
         c = self.cfg
         return (f"run {self.run_dir} | {c.model.n_layer}L d{c.model.d_model} h{c.model.n_head} "
                 f"seq {c.model.seq_len} | {c.model.num_params() / 1e6:.2f}M params | attention "
-                f"{self.engine.model.attention_backend} | MLP {getattr(self.engine.model, 'mlp_impl', 'torch')}"
+                f"{self.engine.model.attention_backend}"
+                f"{' (recomputed in backward)' if c.model.recompute_attention else ''}"
+                f" | MLP {getattr(self.engine.model, 'mlp_impl', 'torch')}"
                 f"{' | torch.compile' if self.engine.compiled else ''}"
                 f"{self._engine_banner()} | "
                 f"{self.dist.world_size} rank(s) on "
