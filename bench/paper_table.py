@@ -182,7 +182,8 @@ def _cell_text(rec: Optional[dict]) -> str:
     if rec["status"] == "oom":
         return "OOM"
     mfu = f" ({100 * rec['mfu_paper']:.0f}%)" if rec.get("mfu_paper") else ""
-    return f"{rec['tflops_paper']:.0f}{mfu}{'*' if rec.get('recompute') else ''}"
+    tflops = rec["tflops_paper"]
+    return (f"{tflops:.0f}" if tflops >= 10 else f"{tflops:.2g}") + mfu + ("*" if rec.get("recompute") else "")
 
 
 def _ratio(a: Optional[dict], b: Optional[dict]) -> str:
@@ -227,7 +228,7 @@ def chart(results: List[dict], nproc: int, gpu: str, columns: List[str], path: P
     if not rows:
         return None
     width = 0.8 / len(columns)
-    fig, ax = plt.subplots(figsize=(2.2 + 1.9 * len(rows), 4.2))
+    fig, ax = plt.subplots(figsize=(3.2 + 1.9 * len(rows), 5.0))
     for j, c in enumerate(columns):
         xs, ys, labels = [], [], []
         for i, (m, s) in enumerate(rows):
@@ -248,7 +249,7 @@ def chart(results: List[dict], nproc: int, gpu: str, columns: List[str], path: P
     ax.set_xticks(range(len(rows)), [f"{MODELS[m][1]}\n{seq_label(s)}" for m, s in rows])
     ax.set_ylabel("model TFLOP/s per GPU (paper formula)")
     ax.set_title(f"GPT training, {nproc} x {gpu}")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
