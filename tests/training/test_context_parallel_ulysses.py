@@ -2,7 +2,8 @@
 the full-sequence attention of one process (output, and the q/k/v gradients) for the sdpa, math and
 reference backends, with grouped-query heads and with packed documents whose boundaries cross the slice
 boundary; attach() on a GPT (positions offset per slice) gives the one-process gradients; the attention
-compiles into one graph (fullgraph) with the same gradients; head counts that do not divide by C are refused with one ValueError."""
+compiles into one graph (fullgraph) with the same gradients; head counts that do not divide by C are
+refused with one ValueError."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -179,3 +180,11 @@ def test_check_heads_message():
         check_heads(12, 6, 4)
     assert str(e.value).count("\n") == 0
     assert "12 query heads and 6 kv heads" in str(e.value) and "one of 1, 2, 3, 6" in str(e.value)
+
+
+def test_needs_torch_distributed():
+    from training.context_parallel import UlyssesAttention
+
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match="needs torch.distributed initialised"):
+        UlyssesAttention()
