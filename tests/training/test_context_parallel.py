@@ -1,0 +1,128 @@
+"""Context parallelism (engine.context_parallel_size=C) on CPU under 2-process torchrun (gloo): C=2 trains
+the loss curve of C=1 on one process with the same global batch (learned positions, RoPE, documents
+packed with data.doc_boundaries, FSDP2), resumes bit for bit at C=2 and continues the curve at C=1
+(on 1 rank, and on 2 data-parallel ranks); each configuration it cannot run is one line, exit 2."""
+import shutil
+import subprocess
+
+import pytest
+from train_runner import REPO, env, losses, run, train_cmd
+
+from training.config import ConfigError, load_config, validate
+
+STEPS = ["train.max_steps=6"]
+VARIANTS = {
+    "learned": [],
+    "rope": ["model.pos_emb=rope"],
+    "rope_docs": ["model.pos_emb=rope", "data.doc_boundaries=true"],
+}
+CP2 = ["engine.context_parallel_size=2"]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("data_cache"))
+
+
+@pytest.fixture(scope="module")
+def curves(tmp_path_factory, cache_dir):
+    """curves(name, nproc, *overrides) -> ({step: loss}, {step: eval loss}) of an uninterrupted run
+    (each run once per module)."""
+    done = {}
+
+    def get(name, nproc, *overrides):
+        if name not in done:
+            out = tmp_path_factory.mktemp(name)
+            proc = run(out, cache_dir, *STEPS, "train.run_name=s", *overrides, nproc=nproc)
+            done[name] = (losses(out / "s"), losses(out / "s", "eval_loss"), proc.stdout + proc.stderr)
+        return done[name]
+    return get
+
+
+def close(curve, ref, rel=1e-4):
+    """fp32 on CPU: only the summation order differs (the slices' matmuls, the mean over two halves)."""
+    assert sorted(curve) == sorted(ref) and len(ref) >= 4
+    for step, loss in ref.items():
+        assert curve[step] == pytest.approx(loss, rel=rel), (step, curve, ref)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_two_context_ranks_train_the_single_process_curve(curves, variant):
+    one, one_eval, _ = curves(f"c1_{variant}", 1, *VARIANTS[variant])
+    two, two_eval, log = curves(f"c2_{variant}", 2, *VARIANTS[variant], *CP2)
+    assert "(context 2 x data 1)" in log  # the banner: the run did split its windows
+    close(two, one)
+    assert one_eval and sorted(two_eval) == sorted(one_eval)
+    for step in one_eval:
+        assert two_eval[step] == pytest.approx(one_eval[step], rel=1e-4), step
+
+
+def test_context_parallel_under_fsdp2(curves):
+    one = curves("c1_learned", 1)[0]
+    close(curves("c2_fsdp", 2, "engine.parallel=fsdp", *CP2)[0], one)
+
+
+def _stopped_at_3(tmp_path, cache_dir):
+    """A C=2 run of the learned variant stopped after step 3 (checkpoint of step 3) in tmp_path/r."""
+    run(tmp_path, cache_dir, *STEPS, "train.run_name=r", "train.stop_after=3", *CP2, nproc=2)
+    return tmp_path / "r"
+
+
+def test_resume_at_the_same_context_size_is_bit_identical(tmp_path, cache_dir, curves):
+    folder = _stopped_at_3(tmp_path, cache_dir)
+    run(tmp_path, cache_dir, *STEPS, "train.run_name=r", *CP2, nproc=2)
+    assert losses(folder) == curves("c2_learned", 2, *CP2)[0]
+
+
+def test_resume_onto_another_context_size(tmp_path, cache_dir, curves):
+    """Saved at C=2 x data 1, resumed at C=1 on one rank and at C=1 x data 2 on two ranks: the same
+    weights, optimizer state and data order, so the curve goes on as the uninterrupted C=2 run's."""
+    folder = _stopped_at_3(tmp_path, cache_dir)
+    shutil.copytree(folder, tmp_path / "r2")
+    ref = curves("c2_learned", 2, *CP2)[0]
+    one = run(tmp_path, cache_dir, *STEPS, "train.run_name=r", nproc=1)
+    assert "context_parallel_size=2" in one.stderr
+    two = run(tmp_path, cache_dir, *STEPS, "train.run_name=r2", nproc=2)
+    assert "context_parallel_size=2" in two.stderr
+    for curve in (losses(folder), losses(tmp_path / "r2")):
+        close(curve, ref)
+
+
+@pytest.mark.parametrize("overrides, world, words", [
+    (["engine.context_parallel_size=0"], 2, ["context_parallel_size=0", ">= 1"]),
+    (["engine.context_parallel_size=2"], 3, ["does not divide the 3 ranks"]),
+    (["engine.context_parallel_size=2"], 1, ["needs 2 ranks", "torchrun"]),
+    (["engine.context_parallel_size=4", "model.n_head=2", "model.d_model=64"], 4, ["model.n_head=2"]),
+    (["engine.context_parallel_size=4", "model.n_head=8", "model.n_kv_head=2"], 4, ["model.n_kv_head=2"]),
+    (["engine.context_parallel_size=4", "model.seq_len=66"], 4, ["model.seq_len=66"]),
+    (["engine.context_parallel_size=2", "engine.type=deepspeed"], 2, ["engine.type=deepspeed"]),
+])
+def test_config_errors(overrides, world, words):
+    with pytest.raises(ConfigError) as e:  # load_config checks what needs no rank count, validate the rest
+        cfg = load_config("tiny_cpu.yaml", ["train.global_batch_size=16", "train.micro_batch_size=4", *overrides])
+        validate(cfg, world_size=world)
+    assert "\n" not in str(e.value)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+def test_context_parallel_batch_arithmetic():
+    """4 ranks at C=2: 2 data-parallel ranks share the global batch (16 = 4 x 2 ranks x 2 accumulations)."""
+    cfg = load_config("tiny_cpu.yaml", ["train.global_batch_size=16", "train.micro_batch_size=4", *CP2])
+    validate(cfg, world_size=4)
+    from training.config import grad_accum_steps
+
+    assert grad_accum_steps(cfg, 4) == 2
+    with pytest.raises(ConfigError, match="data-parallel ranks"):
+        validate(load_config("tiny_cpu.yaml", ["train.global_batch_size=12", "train.micro_batch_size=4", *CP2]),
+                 world_size=8)
+
+
+@pytest.mark.parametrize("nproc, cp, words", [(1, 2, "needs 2 ranks"), (2, 4, "does not divide the 2 ranks")])
+def test_launch_prints_one_line(tmp_path, cache_dir, nproc, cp, words):
+    cmd = train_cmd(tmp_path, cache_dir, f"engine.context_parallel_size={cp}", nproc=nproc)
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [x for x in proc.stderr.splitlines() if "config error" in x]
+    assert lines and words in lines[-1], proc.stderr[-3000:]
