@@ -167,6 +167,10 @@ class CausalSelfAttention(nn.Module):
         # model.recompute_attention: keep only q, k, v (not the backend's own saved tensors, the s x s
         # probabilities for `math`) and run the attention's forward again in the backward
         self.recompute = cfg.recompute_attention
+        # set from outside (training/context_parallel: attach/detach), None on one device: a callable
+        # cp(q, k, v, local) -> y that exchanges this rank's sequence slice for the full sequence of a
+        # share of the heads, runs `local` (this module's own attention) on it and exchanges back
+        self.context_parallel = None
 
     def _attend(self, fn, *args):
         if self.recompute and torch.is_grad_enabled():
@@ -178,7 +182,7 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape  # (batch, seq, d_model)
         kv_dim = self.n_kv_head * self.head_dim
         qkv = self.qkv(x)  # (B, T, C + 2 kv_dim): q heads, k heads, v heads
-        if self.backend == "flash" and not self.rotary and cu_seqlens is None:
+        if self.backend == "flash" and not self.rotary and cu_seqlens is None and self.context_parallel is None:
             # our kernel on the packed heads: its backward returns one d(qkv), no concatenation
             packed = qkv.view(B, T, self.n_head + 2 * self.n_kv_head, self.head_dim)
             y = self._attend(self._flash_packed, packed)  # (B, T, H, D)
@@ -189,11 +193,20 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_kv_head, self.head_dim)
         if self.rotary:
             q, k = apply_rotary(q, rope_cache), apply_rotary(k, rope_cache)
-        if self.backend == "flash":
-            y = self._attend(self._flash, q, k, v, cu_seqlens, max_seqlen)  # (B, T, H, D)
+        if self.context_parallel is not None:
+            # q (B, T/C, H, D), k/v (B, T/C, Hkv, D): this rank's slice; cu_seqlens / max_seqlen
+            # describe the full window, which `local` sees after the exchange
+            y = self.context_parallel(q, k, v, lambda q, k, v: self._local(q, k, v, cu_seqlens, max_seqlen))
         else:
-            y = self._attend(self._torch, q, k, v, cu_seqlens)
+            y = self._local(q, k, v, cu_seqlens, max_seqlen)  # (B, T, H, D)
         return self.dropout(self.proj(y.reshape(B, T, C)))
+
+    def _local(self, q, k, v, cu_seqlens, max_seqlen):
+        """This module's attention over the tensors given: q (B, T, h, D), k/v (B, T, h_kv, D) -> (B, T, h, D),
+        causal; h and h_kv are the module's head counts, or their share under context parallelism."""
+        if self.backend == "flash":
+            return self._attend(self._flash, q, k, v, cu_seqlens, max_seqlen)
+        return self._attend(self._torch, q, k, v, cu_seqlens)
 
     def _flash_packed(self, packed):
         import kernels
@@ -215,8 +228,8 @@ class CausalSelfAttention(nn.Module):
     def _torch(self, q, k, v, cu_seqlens):
         B, T = q.shape[:2]
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
-        if self.n_kv_head != self.n_head:  # grouped-query: repeat K/V heads for the group
-            rep = self.n_head // self.n_kv_head
+        if k.shape[1] != q.shape[1]:  # grouped-query: repeat K/V heads for the group
+            rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         if cu_seqlens is not None and self.backend in SDPA_ONLY:
             raise ValueError(f"model.attention={self.backend} does not take document boundaries (its backend "

@@ -115,20 +115,27 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())  # tied weights are counted once
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
-                cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None):
+                cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: Optional[int] = None,
+                position_offset: int = 0):
         """idx: (B, T) token ids. Returns the mean cross-entropy if `targets` (B, T) is given, else
         logits (B, T, vocab). `cu_seqlens` (int32, documents' start offsets in the flattened batch)
-        keeps attention inside documents."""
+        keeps attention inside documents. `position_offset`: the position of idx's first token (a
+        context-parallel rank holds tokens offset .. offset + T - 1 of each window); positions, learned
+        or RoPE, start there."""
         B, T = idx.shape
-        if T > self.cfg.seq_len:
-            raise ValueError(f"sequence of {T} tokens exceeds model.seq_len={self.cfg.seq_len}")
+        if position_offset + T > self.cfg.seq_len:
+            raise ValueError(f"sequence of {T} tokens at position {position_offset} exceeds "
+                             f"model.seq_len={self.cfg.seq_len}")
         x = self.wte(idx)  # (B, T, d)
         if self.wpe is not None:
-            x = x + self.wpe(torch.arange(T, device=idx.device))
+            x = x + self.wpe(torch.arange(position_offset, position_offset + T, device=idx.device))
         x = self.drop(x)
         if self.cfg.residual == "autocast" and torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))  # the blocks' outputs then add in bf16
-        rope = (self.rope_cos, self.rope_sin) if self.cfg.pos_emb == "rope" else None
+        rope = None
+        if self.cfg.pos_emb == "rope":  # (T, D/2) tables of positions offset .. offset + T - 1
+            rope = (self.rope_cos[position_offset:position_offset + T],
+                    self.rope_sin[position_offset:position_offset + T])
         pending = None  # with fused_add_norm: the last block's MLP output, not yet added
         for block in self.blocks:
             if block.fused_add_norm:
