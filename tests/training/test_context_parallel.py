@@ -34,7 +34,7 @@ def curves(tmp_path_factory, cache_dir):
         if name not in done:
             out = tmp_path_factory.mktemp(name)
             proc = run(out, cache_dir, *STEPS, "train.run_name=s", *overrides, nproc=nproc)
-            done[name] = (losses(out / "s"), losses(out / "s", "eval_loss"), proc.stdout + proc.stderr)
+            done[name] = (losses(out / "s"), losses(out / "s", "eval/loss"), proc.stdout + proc.stderr)
         return done[name]
     return get
 
