@@ -354,10 +354,6 @@ def check_context_parallel(cfg: Config, world_size: Optional[int]) -> None:
     if m.seq_len % C:
         raise ConfigError(f"engine.context_parallel_size={C} does not divide model.seq_len={m.seq_len} (each rank "
                           f"holds seq_len / C tokens of a window); pick a seq_len that is a multiple of {C}")
-    if cfg.engine.type == "deepspeed":
-        raise ConfigError(f"engine.context_parallel_size={C} is not supported with engine.type=deepspeed (its "
-                          f"ZeRO would average gradients over data-parallel ranks only); use engine.type=torch "
-                          f"(engine.parallel=ddp or fsdp), or engine.context_parallel_size=1")
 
 
 def grad_accum_steps(cfg: Config, world_size: int) -> int:

@@ -1,6 +1,6 @@
 """Context parallelism (engine.context_parallel_size=C) on CPU under 2-process torchrun (gloo): C=2 trains
 the loss curve of C=1 on one process with the same global batch (learned positions, RoPE, documents
-packed with data.doc_boundaries, FSDP2), resumes bit for bit at C=2 and continues the curve at C=1
+packed with data.doc_boundaries, FSDP2, DeepSpeed ZeRO-2 and -3), resumes bit for bit at C=2 and continues the curve at C=1
 (on 1 rank, and on 2 data-parallel ranks); each configuration it cannot run is one line, exit 2."""
 import shutil
 import subprocess
@@ -57,9 +57,13 @@ def test_two_context_ranks_train_the_single_process_curve(curves, variant):
         assert two_eval[step] == pytest.approx(one_eval[step], rel=1e-4), step
 
 
-def test_context_parallel_under_fsdp2(curves):
+@pytest.mark.parametrize("engine", [["engine.parallel=fsdp"], ["engine.type=deepspeed", "engine.zero_stage=2"],
+                                    ["engine.type=deepspeed", "engine.zero_stage=3"]], ids=["fsdp", "zero2", "zero3"])
+def test_context_parallel_under_other_engines(curves, engine):
+    """FSDP2 (parameters sharded over all ranks) and DeepSpeed ZeRO-2 / -3 (whose data-parallel group is
+    all ranks, training/engines/deepspeed_config.py): the C=1 curve."""
     one = curves("c1_learned", 1)[0]
-    close(curves("c2_fsdp", 2, "engine.parallel=fsdp", *CP2)[0], one)
+    close(curves("c2_" + "_".join(engine), 2, *engine, *CP2)[0], one)
 
 
 def _stopped_at_3(tmp_path, cache_dir):
@@ -95,7 +99,6 @@ def test_resume_onto_another_context_size(tmp_path, cache_dir, curves):
     (["engine.context_parallel_size=4", "model.n_head=2", "model.d_model=64"], 4, ["model.n_head=2"]),
     (["engine.context_parallel_size=4", "model.n_head=8", "model.n_kv_head=2"], 4, ["model.n_kv_head=2"]),
     (["engine.context_parallel_size=4", "model.seq_len=66"], 4, ["model.seq_len=66"]),
-    (["engine.context_parallel_size=2", "engine.type=deepspeed"], 2, ["engine.type=deepspeed"]),
 ])
 def test_config_errors(overrides, world, words):
     with pytest.raises(ConfigError) as e:  # load_config checks what needs no rank count, validate the rest
