@@ -6,9 +6,11 @@ import shutil
 import subprocess
 
 import pytest
+import torch
 from train_runner import REPO, env, losses, run, train_cmd
 
-from training.config import ConfigError, load_config, validate
+from training.config import ConfigError, grad_accum_steps, load_config, validate
+from training.engines.deepspeed_config import deepspeed_config
 
 STEPS = ["train.max_steps=6"]
 VARIANTS = {
@@ -57,10 +59,12 @@ def test_two_context_ranks_train_the_single_process_curve(curves, variant):
         assert two_eval[step] == pytest.approx(one_eval[step], rel=1e-4), step
 
 
-@pytest.mark.parametrize("engine", [["engine.parallel=fsdp"], ["engine.type=deepspeed", "engine.zero_stage=2"],
-                                    ["engine.type=deepspeed", "engine.zero_stage=3"]], ids=["fsdp", "zero2", "zero3"])
+@pytest.mark.parametrize("engine", [["engine.grad_sync=after_backward"], ["engine.parallel=fsdp"],
+                                    ["engine.type=deepspeed", "engine.zero_stage=2"],
+                                    ["engine.type=deepspeed", "engine.zero_stage=3"]],
+                         ids=["after_backward", "fsdp", "zero2", "zero3"])
 def test_context_parallel_under_other_engines(curves, engine):
-    """FSDP2 (parameters sharded over all ranks) and DeepSpeed ZeRO-2 / -3 (whose data-parallel group is
+    """Our own gradient sum (engine.grad_sync=after_backward), FSDP2 (parameters sharded over all ranks) and DeepSpeed ZeRO-2 / -3 (whose data-parallel group is
     all ranks, training/engines/deepspeed_config.py): the C=1 curve."""
     one = curves("c1_learned", 1)[0]
     close(curves("c2_" + "_".join(engine), 2, *engine, *CP2)[0], one)
@@ -110,12 +114,13 @@ def test_config_errors(overrides, world, words):
 
 
 def test_context_parallel_batch_arithmetic():
-    """4 ranks at C=2: 2 data-parallel ranks share the global batch (16 = 4 x 2 ranks x 2 accumulations)."""
+    """4 ranks at C=2: 2 data-parallel ranks share the global batch (16 = 4 x 2 ranks x 2 accumulations);
+    DeepSpeed, whose data-parallel group is all 4 ranks, is told 4 x 4 ranks x 2 = 32."""
     cfg = load_config("tiny_cpu.yaml", ["train.global_batch_size=16", "train.micro_batch_size=4", *CP2])
     validate(cfg, world_size=4)
-    from training.config import grad_accum_steps
-
     assert grad_accum_steps(cfg, 4) == 2
+    ds = deepspeed_config(cfg, 4, torch.device("cpu"))  # DeepSpeed counts each sequence once per context rank
+    assert ds["train_batch_size"] == 32 and ds["gradient_accumulation_steps"] == 2
     with pytest.raises(ConfigError, match="data-parallel ranks"):
         validate(load_config("tiny_cpu.yaml", ["train.global_batch_size=12", "train.micro_batch_size=4", *CP2]),
                  world_size=8)
