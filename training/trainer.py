@@ -458,6 +458,11 @@ class Trainer:
             return f" | {name}"
         return f" | {name} | weight cache" + (" + fp32 weight gradients" if cache.accumulated else "")
 
+    def _context_banner(self) -> str:
+        """' (context C x data D)' with engine.context_parallel_size > 1, else ''."""
+        c = self.context
+        return f" (context {c.size} x data {c.data_size})" if c.enabled else ""
+
     def _banner(self, resumed: Optional[Path], peak_src: str) -> str:
         c = self.cfg
         return (f"run {self.run_dir} | {c.model.n_layer}L d{c.model.d_model} h{c.model.n_head} "
@@ -467,8 +472,7 @@ class Trainer:
                 f" | MLP {getattr(self.engine.model, 'mlp_impl', 'torch')}"
                 f"{' | torch.compile' if self.engine.compiled else ''}"
                 f"{self._engine_banner()} | "
-                f"{self.dist.world_size} rank(s)"
-                f"{f' (context {self.context.size} x data {self.context.data_size})' if self.context.enabled else ''} on "
+                f"{self.dist.world_size} rank(s){self._context_banner()} on "
                 f"{self.dist.device if self.dist.world_size == 1 else self.dist.device.type + ' (a device per rank)'}"
                 f" | micro-batch {c.train.micro_batch_size} x accum {self.accum} = "
                 f"global {c.train.global_batch_size} seqs | peak: {peak_src} | "

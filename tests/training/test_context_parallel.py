@@ -1,7 +1,8 @@
 """Context parallelism (engine.context_parallel_size=C) on CPU under 2-process torchrun (gloo): C=2 trains
 the loss curve of C=1 on one process with the same global batch (learned positions, RoPE, documents
-packed with data.doc_boundaries, FSDP2, DeepSpeed ZeRO-2 and -3), resumes bit for bit at C=2 and continues the curve at C=1
-(on 1 rank, and on 2 data-parallel ranks); each configuration it cannot run is one line, exit 2."""
+packed with data.doc_boundaries; DDP, our after_backward sum, FSDP2, DeepSpeed ZeRO-2 and -3), resumes
+bit for bit at C=2 and continues the curve at C=1 (on 1 rank, and on 2 data-parallel ranks); each
+configuration it cannot run is one line, exit 2."""
 import shutil
 import subprocess
 
@@ -64,8 +65,9 @@ def test_two_context_ranks_train_the_single_process_curve(curves, variant):
                                     ["engine.type=deepspeed", "engine.zero_stage=3"]],
                          ids=["after_backward", "fsdp", "zero2", "zero3"])
 def test_context_parallel_under_other_engines(curves, engine):
-    """Our own gradient sum (engine.grad_sync=after_backward), FSDP2 (parameters sharded over all ranks) and DeepSpeed ZeRO-2 / -3 (whose data-parallel group is
-    all ranks, training/engines/deepspeed_config.py): the C=1 curve."""
+    """Our own gradient sum (engine.grad_sync=after_backward), FSDP2 (parameters sharded over all ranks)
+    and DeepSpeed ZeRO-2 / -3 (whose data-parallel group is all ranks, training/engines/deepspeed_config.py):
+    the C=1 curve."""
     one = curves("c1_learned", 1)[0]
     close(curves("c2_" + "_".join(engine), 2, *engine, *CP2)[0], one)
 
