@@ -29,15 +29,15 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def curves(tmp_path_factory, cache_dir):
-    """curves(name, nproc, *overrides) -> ({step: loss}, {step: eval loss}) of an uninterrupted run
-    (each run once per module)."""
+    """curves(name, nproc, *overrides) -> ({step: loss}, {step: eval loss}, console output, run folder) of
+    an uninterrupted run (each run once per module)."""
     done = {}
 
     def get(name, nproc, *overrides):
         if name not in done:
             out = tmp_path_factory.mktemp(name)
             proc = run(out, cache_dir, *STEPS, "train.run_name=s", *overrides, nproc=nproc)
-            done[name] = (losses(out / "s"), losses(out / "s", "eval/loss"), proc.stdout + proc.stderr)
+            done[name] = (losses(out / "s"), losses(out / "s", "eval/loss"), proc.stdout + proc.stderr, out / "s")
         return done[name]
     return get
 
@@ -51,13 +51,17 @@ def close(curve, ref, rel=1e-4):
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_two_context_ranks_train_the_single_process_curve(curves, variant):
-    one, one_eval, _ = curves(f"c1_{variant}", 1, *VARIANTS[variant])
-    two, two_eval, log = curves(f"c2_{variant}", 2, *VARIANTS[variant], *CP2)
+    one, one_eval, _, one_dir = curves(f"c1_{variant}", 1, *VARIANTS[variant])
+    two, two_eval, log, two_dir = curves(f"c2_{variant}", 2, *VARIANTS[variant], *CP2)
     assert "(context 2 x data 1)" in log  # the banner: the run did split its windows
     close(two, one)
     assert one_eval and sorted(two_eval) == sorted(one_eval)
     for step in one_eval:
         assert two_eval[step] == pytest.approx(one_eval[step], rel=1e-4), step
+    # each sequence counted once (not once per context rank); per-GPU figures over both GPUs
+    assert losses(two_dir, "tokens_seen") == losses(one_dir, "tokens_seen")
+    for step, total in losses(two_dir, "tokens_per_s").items():
+        assert losses(two_dir, "tokens_per_s_per_gpu")[step] == pytest.approx(total / 2)
 
 
 @pytest.mark.parametrize("engine", [["engine.grad_sync=after_backward"], ["engine.parallel=fsdp"],
