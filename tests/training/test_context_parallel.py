@@ -132,6 +132,16 @@ def test_context_parallel_batch_arithmetic():
                  world_size=8)
 
 
+def test_out_of_memory_suggests_a_larger_context_group():
+    """On 4 GPUs at C=2 a larger context group (C=4) halves each GPU's activations; at C=4 there is none."""
+    from training.resilience.out_of_memory import memory_options
+
+    two = load_config("gpt_1.3b_32k.yaml", ["engine.context_parallel_size=2"])
+    assert any(o.startswith("engine.context_parallel_size=4 (now 2") for o in memory_options(two, 4))
+    four = load_config("gpt_1.3b_32k.yaml")
+    assert not any("context_parallel_size" in o for o in memory_options(four, 4))
+
+
 @pytest.mark.parametrize("nproc, cp, words", [(1, 2, "needs 2 ranks"), (2, 4, "does not divide the 2 ranks")])
 def test_launch_prints_one_line(tmp_path, cache_dir, nproc, cp, words):
     """One config-error line (rank 0's under torchrun), every rank exiting 2, no traceback of ours."""
