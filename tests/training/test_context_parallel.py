@@ -76,6 +76,13 @@ def test_context_parallel_under_other_engines(curves, engine):
     close(curves("c2_" + "_".join(engine), 2, *engine, *CP2)[0], one)
 
 
+def test_context_groups_across_nodes_are_named():
+    from training.context_parallel.groups import spans_nodes
+
+    assert spans_nodes(4, 8) is None and spans_nodes(2, 2) is None
+    assert "span two nodes" in spans_nodes(4, 6) and "6 ranks per node" in spans_nodes(4, 6)
+
+
 def _stopped_at_3(tmp_path, cache_dir):
     """A C=2 run of the learned variant stopped after step 3 (checkpoint of step 3) in tmp_path/r."""
     run(tmp_path, cache_dir, *STEPS, "train.run_name=r", "train.stop_after=3", *CP2, nproc=2)
