@@ -10,6 +10,8 @@ Backends (chosen once per model, logged):
   reference  - plain matmul + softmax in fp32; slow, for checking
   auto       - ours on CUDA in bf16/fp16 (else, or where it cannot load, SDPA)
 model.recompute_attention recomputes the attention's forward in the backward (any backend).
+Context parallelism comes from outside: the module's `context_parallel` slot (None on one device) takes
+a wrapper (training/context_parallel) that exchanges sequence slices around the module's own attention.
 """
 from __future__ import annotations
 

@@ -5,6 +5,6 @@ that the engine fills with a wrapper from here (`attach`), which exchanges the s
 own attention. ulysses.py: DeepSpeed-Ulysses, an all-to-all over heads (each rank attends over the full
 sequence for H/C of the heads).
 """
-from training.context_parallel.ulysses import UlyssesAttention, attach, detach
+from training.context_parallel.ulysses import UlyssesAttention, attach, check_heads, detach
 
-__all__ = ["UlyssesAttention", "attach", "detach"]
+__all__ = ["UlyssesAttention", "attach", "check_heads", "detach"]
