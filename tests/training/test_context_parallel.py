@@ -1,6 +1,6 @@
 """Context parallelism (engine.context_parallel_size=C) on CPU under 2-process torchrun (gloo): C=2 trains
 the loss curve of C=1 on one process with the same global batch (learned positions, RoPE, documents
-packed with data.doc_boundaries; DDP, our after_backward sum, FSDP2, DeepSpeed ZeRO-2 and -3), resumes
+packed with data.doc_boundaries; DDP, our after_backward sum, FSDP2, DeepSpeed ZeRO-3), resumes
 bit for bit at C=2 and continues the curve at C=1 (on 1 rank, and on 2 data-parallel ranks); each
 configuration it cannot run is one line, exit 2."""
 import shutil
@@ -16,8 +16,7 @@ from training.engines.deepspeed_config import deepspeed_config
 STEPS = ["train.max_steps=6"]
 VARIANTS = {
     "learned": [],
-    "rope": ["model.pos_emb=rope"],
-    "rope_docs": ["model.pos_emb=rope", "data.doc_boundaries=true"],
+    "rope_docs": ["model.pos_emb=rope", "data.doc_boundaries=true"],  # RoPE, and documents packed
 }
 CP2 = ["engine.context_parallel_size=2"]
 
@@ -65,13 +64,12 @@ def test_two_context_ranks_train_the_single_process_curve(curves, variant):
 
 
 @pytest.mark.parametrize("engine", [["engine.grad_sync=after_backward"], ["engine.parallel=fsdp"],
-                                    ["engine.type=deepspeed", "engine.zero_stage=2"],
                                     ["engine.type=deepspeed", "engine.zero_stage=3"]],
-                         ids=["after_backward", "fsdp", "zero2", "zero3"])
+                         ids=["after_backward", "fsdp", "zero3"])
 def test_context_parallel_under_other_engines(curves, engine):
     """Our own gradient sum (engine.grad_sync=after_backward), FSDP2 (parameters sharded over all ranks)
-    and DeepSpeed ZeRO-2 / -3 (whose data-parallel group is all ranks, training/engines/deepspeed_config.py):
-    the C=1 curve."""
+    and DeepSpeed ZeRO-3 (parameters gathered around each module; its data-parallel group is all ranks,
+    training/engines/deepspeed_config.py): the C=1 curve."""
     one = curves("c1_learned", 1)[0]
     close(curves("c2_" + "_".join(engine), 2, *engine, *CP2)[0], one)
 
