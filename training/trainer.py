@@ -22,6 +22,7 @@ from model.config import GPTConfig
 from model.gpt import GPT
 from training.config import (Config, ConfigError, check_context_parallel, grad_accum_steps, save_resolved,
                              to_dict, zero3_partitions_modules)
+from training.context_parallel import attach
 from training.context_parallel.groups import ContextLayout, context_layout
 from training.context_parallel.slicing import slice_batch
 from training.distributed import DistInfo, control_store, rank0_first, stop_group
@@ -112,8 +113,6 @@ class Trainer:
         if t.deterministic:
             log.info(f"train.deterministic: {make_deterministic(model)}")
         if context.enabled:  # the model stays single-device: its attention gets the all-to-all wrapper
-            from training.context_parallel.ulysses import attach
-
             attach(model, context.group)
         engine = build_engine(model, cfg, dist)
         torch.manual_seed(t.seed + 1000 * dist.rank)  # per-rank stream for dropout
