@@ -76,6 +76,9 @@ class EngineConfig:
     # in the last micro-batch: +0.9% per GPU on 2 H100s, bench/RESULTS.md) | auto
     # (during_backward on one node when the weight cache applies, else ddp)
     grad_sync: str = "auto"
+    # context parallelism: each window's tokens split over C consecutive ranks (Ulysses all-to-all over
+    # heads, training/context_parallel/); data parallel over world_size / C groups. 1 = off
+    context_parallel_size: int = 1
 
 
 @dataclass
@@ -230,8 +233,9 @@ def _check_tags(tags: Any) -> None:
                               f"characters, e.g. logging.tags=[1.3b,8k,flash]")
 
 
-def validate(cfg: Config, world_size: int = 1) -> None:
-    """Check shapes and cross-field consistency; raise ConfigError naming the key and the fix."""
+def validate(cfg: Config, world_size: Optional[int] = None) -> None:
+    """Check shapes and cross-field consistency; raise ConfigError naming the key and the fix.
+    world_size: the number of ranks when known (launch/train.py), None before (load_config)."""
     m, t, o = cfg.model, cfg.train, cfg.optim
     for key, value in [("model.n_layer", m.n_layer), ("model.d_model", m.d_model),
                        ("model.n_head", m.n_head), ("model.vocab_size", m.vocab_size),
@@ -298,17 +302,21 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError("model.mlp=fused cannot run under DeepSpeed ZeRO-3 (it gathers a module's weights "
                           "only around that module's own forward, which the fused MLP does not call); use "
                           "model.mlp=auto (the torch MLP there) or torch")
+    check_context_parallel(cfg, world_size)
     _choice(cfg.logging.wandb, ("offline", "online", "disabled"), "logging.wandb")
     _check_tags(cfg.logging.tags)
     if cfg.logging.summary_warmup_steps < 0:
         raise ConfigError(f"logging.summary_warmup_steps={cfg.logging.summary_warmup_steps} must be >= 0")
     _choice(t.device, ("auto", "cpu", "cuda"), "train.device")
     _choice(t.dtype, ("auto", "bf16", "fp32"), "train.dtype")
-    per_step = t.micro_batch_size * world_size
+    data_ranks = max((world_size or 1) // cfg.engine.context_parallel_size, 1)
+    per_step = t.micro_batch_size * data_ranks
     if t.global_batch_size % per_step:
+        ranks = (f"ranks ({world_size or 1})" if data_ranks == (world_size or 1) else
+                 f"data-parallel ranks ({world_size} / engine.context_parallel_size)")
         raise ConfigError(
             f"train.global_batch_size={t.global_batch_size} is not divisible by micro_batch_size "
-            f"({t.micro_batch_size}) x ranks ({world_size}) = {per_step}; set global_batch_size to a "
+            f"({t.micro_batch_size}) x {ranks} = {per_step}; set global_batch_size to a "
             f"multiple of {per_step}")
     _choice(t.nonfinite, ("skip", "stop"), "train.nonfinite")
     if t.max_skipped <= 0:
@@ -323,9 +331,36 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError("train.eval_interval, train.eval_steps and train.ckpt_interval must be >= 0")
 
 
+def check_context_parallel(cfg: Config, world_size: Optional[int]) -> None:
+    """engine.context_parallel_size=C: a window's T tokens as C slices of T/C on C consecutive ranks,
+    whose attention exchanges heads by all-to-all (each rank then holds H/C heads of the whole window).
+    world_size None (not known yet): the checks that need it wait for the launch."""
+    C, m = cfg.engine.context_parallel_size, cfg.model
+    if C < 1:
+        raise ConfigError(f"engine.context_parallel_size={C} must be >= 1 (1 = no context parallelism)")
+    if C == 1:
+        return
+    if world_size is not None and world_size > 1 and world_size % C:
+        raise ConfigError(f"engine.context_parallel_size={C} does not divide the {world_size} ranks; launch a "
+                          f"multiple of {C} processes or pick a context_parallel_size dividing {world_size}")
+    if world_size == 1:  # torchrun gives WORLD_SIZE; a plain `python launch/train.py` is 1
+        raise ConfigError(f"engine.context_parallel_size={C} needs {C} ranks (one per slice of the window) but "
+                          f"this is a single process; launch with torchrun --nproc_per_node={C} (or a multiple)")
+    kv = m.n_kv_head or m.n_head
+    if m.n_head % C or kv % C:
+        raise ConfigError(f"engine.context_parallel_size={C} does not divide model.n_head={m.n_head}"
+                          f"{'' if kv == m.n_head else f' and model.n_kv_head={kv}'} (each rank attends with "
+                          f"heads / C of them); pick a context_parallel_size dividing the head count(s)")
+    if m.seq_len % C:
+        raise ConfigError(f"engine.context_parallel_size={C} does not divide model.seq_len={m.seq_len} (each rank "
+                          f"holds seq_len / C tokens of a window); pick a seq_len that is a multiple of {C}")
+
+
 def grad_accum_steps(cfg: Config, world_size: int) -> int:
-    """Micro-batches per rank per optimizer step."""
-    return cfg.train.global_batch_size // (cfg.train.micro_batch_size * world_size)
+    """Micro-batches per rank per optimizer step. The ranks of a context group share their
+    micro-batches, so the batch divides over world_size / engine.context_parallel_size ranks."""
+    data_ranks = max(world_size // cfg.engine.context_parallel_size, 1)
+    return cfg.train.global_batch_size // (cfg.train.micro_batch_size * data_ranks)
 
 
 def to_dict(cfg: Config) -> dict:

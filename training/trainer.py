@@ -20,8 +20,11 @@ from data.prepare import prepare
 from model.attention import AttentionUnavailable
 from model.config import GPTConfig
 from model.gpt import GPT
-from training.config import (Config, ConfigError, grad_accum_steps, save_resolved, to_dict,
-                             zero3_partitions_modules)
+from training.config import (Config, ConfigError, check_context_parallel, grad_accum_steps, save_resolved,
+                             to_dict, zero3_partitions_modules)
+from training.context_parallel import attach
+from training.context_parallel.groups import ContextLayout, context_layout
+from training.context_parallel.slicing import slice_batch
 from training.distributed import DistInfo, control_store, rank0_first, stop_group
 from training.engines.base import autocast_dtype
 from training.engines.factory import build_engine
@@ -66,8 +69,10 @@ def check_compatible(saved: dict, cfg: Config, path: Path) -> None:
 
 class Trainer:
     def __init__(self, cfg: Config, dist: DistInfo, engine, train_loader: PackedLoader,
-                 val_loader: Optional[PackedLoader], data_meta: dict):
+                 val_loader: Optional[PackedLoader], data_meta: dict, context: Optional[ContextLayout] = None):
         self.cfg, self.dist, self.engine = cfg, dist, engine
+        # engine.context_parallel_size: this rank's slice of each window (training/context_parallel/)
+        self.context = context or ContextLayout(1, 0, dist.rank, dist.world_size, None)
         self.train_loader, self.val_loader, self.data_meta = train_loader, val_loader, data_meta
         self.run_dir = Path(cfg.train.out_dir) / cfg.train.run_name
         self.accum = grad_accum_steps(cfg, dist.world_size)
@@ -86,15 +91,16 @@ class Trainer:
         # Data: rank 0 tokenizes and writes shards; the others then find them in the cache (they wait
         # through the store, with no time limit: no collective timeout can end a long first run's wait).
         prepared = rank0_first(dist, "preparing the data", lambda: prepare(cfg.data, cfg.model.vocab_size))
-        common = dict(seq_len=cfg.model.seq_len, micro_batch_size=t.micro_batch_size,
-                      eos_id=prepared.eos_id, doc_boundaries=cfg.data.doc_boundaries)
-        train_loader = PackedLoader(prepared.dir, "train", rank=dist.rank, world_size=dist.world_size,
-                                    seed=t.seed, num_workers=cfg.data.num_workers,
+        check_context_parallel(cfg, dist.world_size)
+        context = context_layout(dist, cfg.engine.context_parallel_size)
+        # the loaders are sharded over the data-parallel ranks: a context group's ranks read the same windows
+        common = dict(seq_len=cfg.model.seq_len, micro_batch_size=t.micro_batch_size, rank=context.data_rank,
+                      world_size=context.data_size, eos_id=prepared.eos_id, doc_boundaries=cfg.data.doc_boundaries)
+        train_loader = PackedLoader(prepared.dir, "train", seed=t.seed, num_workers=cfg.data.num_workers,
                                     epoch_multiple=t.global_batch_size, **common)
         val_loader = None
         if t.eval_interval > 0 and t.eval_steps > 0:
-            val_loader = PackedLoader(prepared.dir, "val", rank=dist.rank, world_size=dist.world_size,
-                                      seed=t.seed, num_workers=0, **common)
+            val_loader = PackedLoader(prepared.dir, "val", seed=t.seed, num_workers=0, **common)
         torch.manual_seed(t.seed)  # identical initial weights on every rank
         attention_dtype = autocast_dtype(cfg, dist.device) or torch.float32
         model_cfg = cfg.model
@@ -106,11 +112,13 @@ class Trainer:
             raise ConfigError(str(e)) from None
         if t.deterministic:
             log.info(f"train.deterministic: {make_deterministic(model)}")
+        if context.enabled:  # the model stays single-device: its attention gets the all-to-all wrapper
+            attach(model, context.group)
         engine = build_engine(model, cfg, dist)
         torch.manual_seed(t.seed + 1000 * dist.rank)  # per-rank stream for dropout
         meta = {"tokenizer_hash": prepared.tokenizer_hash, "vocab_size": prepared.vocab_size,
                 "data_dir": str(prepared.dir)}
-        return cls(cfg, dist, engine, train_loader, val_loader, meta)
+        return cls(cfg, dist, engine, train_loader, val_loader, meta, context)
 
     # --- checkpoints ------------------------------------------------------------------------------
     def save(self) -> Path:
@@ -138,6 +146,11 @@ class Trainer:
         self.skipped_steps = client.get("skipped_steps", 0)
         self.consecutive_skips = client.get("consecutive_skips", 0)
         self.train_loader.load_state_dict(rank_state["loader"])
+        saved_c = client["config"].get("engine", {}).get("context_parallel_size", 1)
+        if saved_c != self.context.size and self.dist.is_main:
+            log.warning("resuming %s (saved with engine.context_parallel_size=%d) with context_parallel_size=%d: "
+                        "the same weights, optimizer and data order; the loss curve continues, not bit for bit",
+                        path, saved_c, self.context.size)
         if rank_state["resharded_from"]:  # other rank count: RNG streams per rank start afresh
             log.warning("resuming %s (saved on %d ranks) on %d ranks: the loss curve continues, but not "
                         "bit for bit (the accumulation order changes)", path, rank_state["resharded_from"],
@@ -195,7 +208,7 @@ class Trainer:
         self.val_loader.reset()
         total = torch.zeros((), device=self.dist.device)
         for _ in range(self.cfg.train.eval_steps):
-            total += self.engine.eval_loss(self.val_loader.next_batch()).float()
+            total += self.engine.eval_loss(slice_batch(self.val_loader.next_batch(), self.context)).float()
         self.engine.model.train()
         return float(self.dist.all_reduce_mean(total / self.cfg.train.eval_steps))
 
@@ -219,12 +232,13 @@ class Trainer:
             if (micro == 0 or can_drop) and signals.agreed():
                 self._abandon(micro, where, rng)
                 return None, True
-            batch = self.train_loader.next_batch()
+            batch = slice_batch(self.train_loader.next_batch(), self.context)
             loss_sum += self.engine.forward_backward(batch, sync=micro == self.accum - 1).float()
             if micro == 0:
                 faults.reach("first_micro_batch", self.step + 1, self.dist.rank)  # tests only
             if self.watchdog is not None:
                 self.watchdog.at(micro + 1)
+        # mean over all ranks: a context group's slices are of equal size, so their mean is the window's
         loss = self.dist.all_reduce_mean(loss_sum / self.accum)
         faults.reach("update", self.step + 1, self.dist.rank)  # tests only
         grad_norm = self._grad_norm()
@@ -443,6 +457,11 @@ class Trainer:
             return f" | {name}"
         return f" | {name} | weight cache" + (" + fp32 weight gradients" if cache.accumulated else "")
 
+    def _context_banner(self) -> str:
+        """' (context C x data D)' with engine.context_parallel_size > 1, else ''."""
+        c = self.context
+        return f" (context {c.size} x data {c.data_size})" if c.enabled else ""
+
     def _banner(self, resumed: Optional[Path], peak_src: str) -> str:
         c = self.cfg
         return (f"run {self.run_dir} | {c.model.n_layer}L d{c.model.d_model} h{c.model.n_head} "
@@ -452,7 +471,7 @@ class Trainer:
                 f" | MLP {getattr(self.engine.model, 'mlp_impl', 'torch')}"
                 f"{' | torch.compile' if self.engine.compiled else ''}"
                 f"{self._engine_banner()} | "
-                f"{self.dist.world_size} rank(s) on "
+                f"{self.dist.world_size} rank(s){self._context_banner()} on "
                 f"{self.dist.device if self.dist.world_size == 1 else self.dist.device.type + ' (a device per rank)'}"
                 f" | micro-batch {c.train.micro_batch_size} x accum {self.accum} = "
                 f"global {c.train.global_batch_size} seqs | peak: {peak_src} | "

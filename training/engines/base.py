@@ -59,9 +59,16 @@ class Engine(ABC):
             return self.model(*self._inputs(batch)).detach()
 
     def _inputs(self, batch):
+        """The model's positional arguments: (x, y[, cu_seqlens, max_seqlen[, position_offset]]); a
+        context rank's slice (training/context_parallel/slicing.py) starts at position_offset."""
         x = batch.x.to(self.device, non_blocking=True)
         y = batch.y.to(self.device, non_blocking=True)
         cu = getattr(batch, "cu_seqlens", None)
+        offset = getattr(batch, "position_offset", 0)
         if cu is not None:
-            return x, y, cu.to(self.device, non_blocking=True), batch.max_seqlen
+            cu = cu.to(self.device, non_blocking=True)
+        if offset:
+            return x, y, cu, batch.max_seqlen, offset
+        if cu is not None:
+            return x, y, cu, batch.max_seqlen
         return x, y

@@ -1,6 +1,7 @@
 """The DeepSpeed config, generated from ours: one source of truth, saved with the run.
 
-Batch arithmetic (DeepSpeed checks it): train_batch_size = micro_batch × accumulation × ranks.
+Batch arithmetic (DeepSpeed checks it): train_batch_size = micro_batch × accumulation × ranks
+(= global_batch_size × engine.context_parallel_size).
 """
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ def deepspeed_config(cfg: Config, world_size: int, device) -> dict:
     e, t, o = cfg.engine, cfg.train, cfg.optim
     bucket = int(e.bucket_mb * 1e6)  # elements per reduction bucket (DeepSpeed counts elements)
     ds = {
-        "train_batch_size": t.global_batch_size,
+        # DeepSpeed's data-parallel group is every rank: with context parallelism (C ranks sharing each
+        # sequence) its arithmetic counts each sequence C times; its all-reduce mean over all ranks is
+        # then the mean over the sequences (the slices are of equal size), as under DDP
+        "train_batch_size": t.global_batch_size * e.context_parallel_size,
         "train_micro_batch_size_per_gpu": t.micro_batch_size,
         "gradient_accumulation_steps": grad_accum_steps(cfg, world_size),
         "gradient_clipping": o.grad_clip,

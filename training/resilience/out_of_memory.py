@@ -38,6 +38,10 @@ def memory_options(cfg, world_size: int) -> List[str]:
     if t.micro_batch_size > 1:
         out.append(f"train.micro_batch_size={t.micro_batch_size // 2} (now {t.micro_batch_size}; "
                    f"train.global_batch_size stays, so more micro-batches accumulate per step)")
+    C, kv = e.context_parallel_size, m.n_kv_head or m.n_head  # a context-parallel run: a larger group
+    if C > 1 and world_size % (2 * C) == 0 and m.n_head % (2 * C) == 0 and kv % (2 * C) == 0 and m.seq_len % (2 * C) == 0:
+        out.append(f"engine.context_parallel_size={2 * C} (now {C}: each GPU holds seq_len / {2 * C} tokens of a "
+                   f"window's activations; data parallel over {world_size // (2 * C)} groups)")
     if world_size > 1 and e.type == "torch" and e.parallel == "ddp":
         out.append(f"engine.parallel=fsdp or engine.type=deepspeed engine.zero_stage=1..3 (shard the weights' "
                    f"and AdamW's state over the {world_size} GPUs)")
@@ -64,7 +68,7 @@ def explain(err: BaseException, cfg, step: Optional[int], world_size: int, devic
     params_txt = f"{num_params / 1e9:.2f}B" if num_params >= 1e9 else f"{num_params / 1e6:.2f}M"
     facts.append(f"fp32 weights, gradients and AdamW moments take {state_txt} per GPU unsharded "
                  f"({params_txt} parameters x 16 bytes), the rest is the activations of "
-                 f"{cfg.train.micro_batch_size} x {cfg.model.seq_len} tokens")
+                 f"{cfg.train.micro_batch_size} x {cfg.model.seq_len // cfg.engine.context_parallel_size} tokens")
     saved = (f"the last checkpoint, {last_checkpoint}, is intact: rerun with the change and train.resume=auto "
              f"continues from it" if last_checkpoint is not None else "no checkpoint was written yet")
     fixes = "; ".join(memory_options(cfg, world_size))
