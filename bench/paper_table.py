@@ -10,7 +10,8 @@ beside the paper's A100 figures and a PNG bar chart.
 
 Columns (model.attention): math = "without FlashAttention" (scores materialised, fp32 softmax; a run
 that runs out of memory is retried with model.recompute_attention=true, marked * in the table, and is
-OOM if that fails too), sdpa_flash = PyTorch SDPA's FlashAttention-2 backend, sdpa_cudnn = SDPA's
+OOM if that fails too; where the s x s probabilities kept for the backward alone exceed the GPU's memory
+the first try is skipped), sdpa_flash = PyTorch SDPA's FlashAttention-2 backend, sdpa_cudnn = SDPA's
 cuDNN backend (a column the paper could not have), flash = ours. Rows: GPT3-1.3B / 2.7B
 (configs/gpt_1.3b_8k.yaml, gpt_2.7b_8k.yaml) at 2k and 8k tokens; at 2k the micro-batch holds as many
 tokens as the config's at 8k. Every run: the config's model and training settings, `--accum`
@@ -72,6 +73,23 @@ def load_config(name: str):
     return load(name, [])
 
 
+def gpu_memory_gb() -> Optional[float]:
+    """Memory of the first GPU from nvidia-smi, GB (None without one)."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        done = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True)
+        if done.returncode == 0 and done.stdout.strip():
+            return float(done.stdout.strip().splitlines()[0]) / 1024
+    return None
+
+
+def score_matrices_gb(n_layer: int, n_head: int, micro: int, seq: int) -> float:
+    """What `math` attention keeps for the backward beyond the other columns: one s x s probability
+    matrix per head and layer in bf16 (2 bytes), GB."""
+    return n_layer * n_head * micro * seq * seq * 2 / 1e9
+
+
 def gpu_name() -> str:
     """The GPU's name from nvidia-smi (no CUDA context in this process: the runs need the memory)."""
     smi = shutil.which("nvidia-smi")
@@ -117,6 +135,7 @@ class Cell:
         self.config_seq = cfg.model.seq_len
         tokens_per_micro = cfg.train.micro_batch_size * cfg.model.seq_len
         self.micro = max(1, tokens_per_micro // seq)
+        self.scores_gb = score_matrices_gb(cfg.model.n_layer, cfg.model.n_head, self.micro, seq)
         self.global_batch = self.micro * args.accum * args.nproc
         self.name = f"{model}-{seq_label(seq)}-{attention}-{args.nproc}gpu"
 
@@ -150,6 +169,13 @@ class Cell:
                "steps": self.args.steps, "warmup": self.args.warmup,
                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
         tries = [False, True] if self.attention == "math" else [False]
+        memory = gpu_memory_gb()
+        if self.attention == "math" and memory is not None and self.scores_gb > memory:
+            # the score matrices alone exceed the GPU: straight to the recomputed attention
+            print(f"[{self.name}] the s x s scores alone take {self.scores_gb:.0f} GB > {memory:.0f} GB: "
+                  f"model.recompute_attention=true", flush=True)
+            tries = [True]
+            rec["scores_gb"] = round(self.scores_gb, 1)
         for recompute in tries:
             cmd = self.command(recompute)
             run_dir = Path(self.args.out_dir) / self.run_name(recompute)

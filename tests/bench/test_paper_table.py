@@ -96,3 +96,59 @@ def test_two_columns_on_the_tiny_config(tmp_path, capsys):
     second = capsys.readouterr().out
     assert second.count("already") == 2 and len(paper_table.read_results(out / "cells.jsonl")) == 2
     assert first.split("\n\n", 1)[1].split("chart:")[0] == second.split("\n\n", 1)[1].split("chart:")[0]
+
+
+class FakeTrain:
+    """subprocess.run in place of torchrun: records each command; a run named in `oom` prints the
+    out-of-memory line and exits 2, any other writes a metrics.jsonl of 4 steps and exits 0."""
+
+    def __init__(self, oom=()):
+        self.commands, self.oom = [], set(oom)
+
+    def __call__(self, cmd, cwd=None, stdout=None, stderr=None, timeout=None, **kw):
+        self.commands.append(cmd)
+        args = dict(a.split("=", 1) for a in cmd if "=" in a and not a.startswith("--"))
+        run_dir = Path(args["train.out_dir"]) / args["train.run_name"]
+        if args["train.run_name"] in self.oom:
+            stdout.write("out of memory: out of GPU memory in the backward (...)\n")
+            return type("Done", (), {"returncode": 2})()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with open(run_dir / "metrics.jsonl", "w") as f:
+            for step in range(1, 5):
+                f.write(json.dumps({"step": step, "loss": 5.0, "tokens_per_s_per_gpu": 1000.0 * step,
+                                    "tflops_paper": 100.0 * step, "tflops_causal": 80.0 * step,
+                                    "mfu_paper": 0.1 * step, "mem_max_alloc_gb": 50.0}) + "\n")
+        return type("Done", (), {"returncode": 0})()
+
+
+def _cell(tmp_path, monkeypatch, attention, seq, memory_gb, oom=()):
+    fake = FakeTrain(oom)
+    monkeypatch.setattr(paper_table.subprocess, "run", fake)
+    monkeypatch.setattr(paper_table, "gpu_memory_gb", lambda: memory_gb)
+    args = paper_table.parse_args(["--out-dir", str(tmp_path), "--steps", "4", "--warmup", "2"])
+    rec = paper_table.Cell(args, "1.3b", seq, attention, "NVIDIA H100 80GB HBM3").run()
+    return rec, [next(a for a in c if a.startswith("model.recompute_attention=")) for c in fake.commands]
+
+
+def test_math_runs_out_of_memory_then_recomputes(tmp_path, monkeypatch):
+    """'without FlashAttention' at 2k: the plain run runs out of memory, the recomputed one is the cell
+    (marked); the medians are those of the steps after the warm-up."""
+    rec, tries = _cell(tmp_path, monkeypatch, "math", 2048, 80.0, oom=["1.3b-2k-math-1gpu"])
+    assert tries == ["model.recompute_attention=false", "model.recompute_attention=true"]
+    assert rec["status"] == "ok" and rec["recompute"] and rec["tflops_paper"] == 350.0 and rec["micro_batch"] == 8
+
+
+def test_math_whose_scores_exceed_the_gpu_recomputes_at_once(tmp_path, monkeypatch):
+    """At 8k the probabilities alone (24 layers x 16 heads x 2 x 8192^2 x 2 bytes = 103 GB) exceed an
+    80 GB GPU: no plain try. Both tries out of memory: the cell is OOM."""
+    assert paper_table.score_matrices_gb(24, 16, 2, 8192) == pytest.approx(103.08, abs=0.01)
+    rec, tries = _cell(tmp_path, monkeypatch, "math", 8192, 80.0)
+    assert tries == ["model.recompute_attention=true"] and rec["recompute"] and rec["scores_gb"] == 103.1
+    rec, tries = _cell(tmp_path, monkeypatch, "math", 2048, 80.0,
+                       oom=["1.3b-2k-math-1gpu", "1.3b-2k-math-1gpu-recompute"])
+    assert rec["status"] == "oom" and len(tries) == 2
+
+
+def test_other_columns_run_once(tmp_path, monkeypatch):
+    rec, tries = _cell(tmp_path, monkeypatch, "flash", 8192, 80.0)
+    assert tries == ["model.recompute_attention=false"] and rec["status"] == "ok" and rec["micro_batch"] == 2
