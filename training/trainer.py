@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -406,7 +407,7 @@ class Trainer:
                 telemetry.close()
             for step, metrics in deferred.flush():  # also when an error stops the run
                 logger.log(step, metrics)
-            logger.close()
+            logger.close(exit_code=0 if sys.exc_info()[0] is None else 1)  # W&B marks a run an error stopped
             self.train_loader.close()
 
     def _stopped(self, received: Optional[str], path: Optional[Path], abandoned: bool) -> str:
