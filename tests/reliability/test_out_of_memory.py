@@ -96,3 +96,13 @@ def test_one_rank_out_of_memory_ends_the_job(tmp_path):
     ckpt = out / "oom2" / "checkpoints" / "step_00000001"
     assert verify(ckpt) is None
     assert not (out / "oom2" / "checkpoints" / "step_00000002").exists()
+
+
+def test_materialised_attention_is_told_to_recompute_first():
+    """model.attention=math keeps every layer's s x s probabilities: recomputing the attention is the first
+    setting named (16 heads x 8192^2 x 2 bytes = 2.00 GB per sequence and layer at 1.3B-8k); not once it is on."""
+    math_13 = memory_options(load_config("gpt_1.3b_8k.yaml", ["model.attention=math"]), world_size=1)
+    assert math_13[0].startswith("model.recompute_attention=true") and "2.00 GB in bf16" in math_13[0]
+    on = load_config("gpt_1.3b_8k.yaml", ["model.attention=math", "model.recompute_attention=true"])
+    assert not any("recompute_attention" in o for o in memory_options(on, world_size=1))
+    assert not any("recompute_attention" in o for o in memory_options(load_config("gpt_1.3b_8k.yaml"), world_size=1))

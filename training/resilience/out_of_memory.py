@@ -28,6 +28,10 @@ def memory_options(cfg, world_size: int) -> List[str]:
     """The settings that lower this run's peak memory, cheapest in throughput first."""
     m, t, e = cfg.model, cfg.train, cfg.engine
     out = []
+    if m.attention == "math" and not m.recompute_attention:  # the s x s probabilities of every layer
+        out.append(f"model.recompute_attention=true (materialised attention keeps n_head x seq_len^2 "
+                   f"probabilities per sequence and layer: {m.n_head * m.seq_len ** 2 * 2 / 2 ** 30:.2f} GB in bf16; "
+                   f"or model.attention=auto)")
     if m.recompute_gelu and m.recompute_gelu_layers >= 0:
         out.append(f"model.recompute_gelu_layers=-1 (every block rebuilds its GELU output; now the first "
                    f"{m.recompute_gelu_layers} of {m.n_layer} do; -0.34 GB per block at 2.7B-8k micro-batch 2)")
