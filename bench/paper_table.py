@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
 
-from summarize_runs import summarize  # noqa: E402
+from training.config import load_config  # noqa: E402
+from training.telemetry.summary import read_jsonl  # noqa: E402
 
 MODELS = {"1.3b": ("gpt_1.3b_8k.yaml", "GPT3-1.3B"), "2.7b": ("gpt_2.7b_8k.yaml", "GPT3-2.7B"),
           "tiny": ("tiny_cpu.yaml", "tiny (CPU test)")}
@@ -66,22 +67,22 @@ def seq_label(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
-def load_config(name: str):
-    sys.path.insert(0, str(ROOT))
-    from training.config import load_config as load
-
-    return load(name, [])
+def query_gpu(field: str) -> Optional[str]:
+    """One nvidia-smi field of the first GPU (no CUDA context in this process: the runs need the
+    memory); None without a GPU."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        done = subprocess.run([smi, f"--query-gpu={field}", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True)
+        if done.returncode == 0 and done.stdout.strip():
+            return done.stdout.strip().splitlines()[0].strip()
+    return None
 
 
 def gpu_memory_gb() -> Optional[float]:
-    """Memory of the first GPU from nvidia-smi, GB (None without one)."""
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        done = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True)
-        if done.returncode == 0 and done.stdout.strip():
-            return float(done.stdout.strip().splitlines()[0]) / 1024
-    return None
+    """Memory of the first GPU, GB (None without one)."""
+    total_mib = query_gpu("memory.total")
+    return None if total_mib is None else float(total_mib) / 1024
 
 
 def score_matrices_gb(n_layer: int, n_head: int, micro: int, seq: int) -> float:
@@ -91,13 +92,7 @@ def score_matrices_gb(n_layer: int, n_head: int, micro: int, seq: int) -> float:
 
 
 def gpu_name() -> str:
-    """The GPU's name from nvidia-smi (no CUDA context in this process: the runs need the memory)."""
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        done = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
-        if done.returncode == 0 and done.stdout.strip():
-            return done.stdout.strip().splitlines()[0].strip()
-    return "cpu"
+    return query_gpu("name") or "cpu"
 
 
 def cell_key(rec: dict) -> tuple:
@@ -106,15 +101,7 @@ def cell_key(rec: dict) -> tuple:
 
 def read_results(path: Path) -> List[dict]:
     """The results file's cells; a torn last line (a run killed while appending) is skipped."""
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+    return read_jsonl(path) if path.is_file() else []
 
 
 def append_result(path: Path, rec: dict) -> None:
@@ -131,7 +118,7 @@ class Cell:
     def __init__(self, args, model: str, seq: int, attention: str, gpu: str):
         self.model, self.seq, self.attention, self.nproc, self.gpu = model, seq, attention, args.nproc, gpu
         self.args = args
-        cfg = load_config(MODELS[model][0])
+        cfg = load_config(MODELS[model][0], [])
         self.config_seq = cfg.model.seq_len
         tokens_per_micro = cfg.train.micro_batch_size * cfg.model.seq_len
         self.micro = max(1, tokens_per_micro // seq)
@@ -187,11 +174,11 @@ class Cell:
                                       timeout=self.args.run_timeout).returncode
             text = log.read_text(errors="replace")
             rec.update(recompute=recompute, run_dir=str(run_dir), log=str(log), command=" ".join(cmd[1:]))
-            if code == 0:
-                s = summarize(run_dir, self.args.warmup)
-                rec.update(status="ok", tflops_paper=s["tflops"], tflops_causal=s["tflops_c"],
-                           tokens_per_s_per_gpu=s["tok_gpu"], mfu_paper=s["mfu"], peak_mem_gb=s["mem"],
-                           timed_steps=max(0, self.args.steps - self.args.warmup))
+            if code == 0:  # the run's own medians after the warm-up (logging.summary_warmup_steps)
+                s = json.loads((run_dir / "summary.json").read_text())
+                rec.update(status="ok", tflops_paper=s["steady/tflops_paper"], tflops_causal=s["steady/tflops_causal"],
+                           tokens_per_s_per_gpu=s["steady/tokens_per_s_per_gpu"], mfu_paper=s["steady/mfu_paper"],
+                           peak_mem_gb=s["peak_mem_gb"], timed_steps=s["steady/steps"])
                 return rec
             if OOM_TEXT in text:
                 rec["status"] = "oom"

@@ -8,6 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import paper_table
+from training.telemetry.summary import steady_summary, write_summary
 
 
 
@@ -100,7 +101,8 @@ def test_two_columns_on_the_tiny_config(tmp_path, capsys):
 
 class FakeTrain:
     """subprocess.run in place of torchrun: records each command; a run named in `oom` prints the
-    out-of-memory line and exits 2, any other writes a metrics.jsonl of 4 steps and exits 0."""
+    out-of-memory line and exits 2, any other writes a metrics.jsonl of 4 steps and its summary.json and
+    exits 0."""
 
     def __init__(self, oom=()):
         self.commands, self.oom = [], set(oom)
@@ -113,11 +115,13 @@ class FakeTrain:
             stdout.write("out of memory: out of GPU memory in the backward (...)\n")
             return type("Done", (), {"returncode": 2})()
         run_dir.mkdir(parents=True, exist_ok=True)
-        with open(run_dir / "metrics.jsonl", "w") as f:
-            for step in range(1, 5):
-                f.write(json.dumps({"step": step, "loss": 5.0, "tokens_per_s_per_gpu": 1000.0 * step,
-                                    "tflops_paper": 100.0 * step, "tflops_causal": 80.0 * step,
-                                    "mfu_paper": 0.1 * step, "mem_max_alloc_gb": 50.0}) + "\n")
+        records = [{"step": step, "loss": 5.0, "tokens_per_s_per_gpu": 1000.0 * step, "tflops_paper": 100.0 * step,
+                    "tflops_causal": 80.0 * step, "mfu_paper": 0.1 * step, "mem_max_alloc_gb": 50.0}
+                   for step in range(1, 5)]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        # what the run's logger writes when it ends (training/telemetry/logging.py)
+        write_summary(run_dir / "summary.json",
+                      steady_summary(records, int(args["logging.summary_warmup_steps"])))
         return type("Done", (), {"returncode": 0})()
 
 
