@@ -34,6 +34,13 @@ import torch
 from torch import Tensor
 
 
+def _no_autocast(device: torch.device):
+    """The ops compute in their inputs' dtype: an enclosing autocast region (still active while an op's
+    implementation runs) would otherwise write CUDA's softmax in fp32 -- P twice the size, and an fp32 P
+    meeting a bf16 dO in the backward, which autocast does not cover."""
+    return torch.autocast(device.type, enabled=False)
+
+
 def _bmm(a: Tensor, b: Tensor, alpha: float = 1.0) -> Tensor:
     """a (..., m, k) @ b (..., k, n) -> (..., m, n) as one batched GEMM, `alpha` applied inside it."""
     lead = a.shape[:-2]
@@ -48,15 +55,16 @@ def _bmm(a: Tensor, b: Tensor, alpha: float = 1.0) -> Tensor:
 @torch.library.custom_op("flashgpt::math_attn_fwd", mutates_args=(), device_types=("cpu", "cuda"))
 def _fwd_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float,
             causal: bool) -> tuple[Tensor, Tensor]:
-    s = _bmm(q, k.transpose(-2, -1), scale)  # (B, H, Tq, Tk), input dtype
-    if mask is None and causal:
-        tq, tk = s.shape[-2:]
-        mask = torch.ones(tq, tk, dtype=torch.bool, device=s.device).tril(tk - tq)
-    if mask is not None:
-        s.masked_fill_(~mask, float("-inf"))
-    p = torch.softmax(s, dim=-1)  # fp32 inside for 16-bit s (max, sum, exp), written in q.dtype
-    del s
-    return _bmm(p, v), p
+    with _no_autocast(q.device):
+        s = _bmm(q, k.transpose(-2, -1), scale)  # (B, H, Tq, Tk), input dtype
+        if mask is None and causal:
+            tq, tk = s.shape[-2:]
+            mask = torch.ones(tq, tk, dtype=torch.bool, device=s.device).tril(tk - tq)
+        if mask is not None:
+            s.masked_fill_(~mask, float("-inf"))
+        p = torch.softmax(s, dim=-1)  # fp32 inside for 16-bit s (max, sum, exp), written in q.dtype
+        del s
+        return _bmm(p, v), p
 
 
 @_fwd_op.register_fake
@@ -68,14 +76,15 @@ def _(q, k, v, mask, scale, causal):
 @torch.library.custom_op("flashgpt::math_attn_bwd", mutates_args=(), device_types=("cpu", "cuda"))
 def _bwd_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, p: Tensor,
             scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    dv = _bmm(p.transpose(-2, -1), dout)  # (B, H, Tk, Dv)
-    dp = _bmm(dout, v.transpose(-2, -1))  # (B, H, Tq, Tk)
-    # p * (dp - rowsum(dp * p)), fp32 inside, written in q.dtype; masked entries have p = 0, so ds = 0
-    ds = torch.ops.aten._softmax_backward_data(dp, p, -1, q.dtype)
-    del dp
-    dq = _bmm(ds, k, scale)
-    dk = _bmm(ds.transpose(-2, -1), q, scale)
-    return dq, dk, dv
+    with _no_autocast(q.device):
+        dv = _bmm(p.transpose(-2, -1), dout)  # (B, H, Tk, Dv)
+        dp = _bmm(dout, v.transpose(-2, -1))  # (B, H, Tq, Tk)
+        # p * (dp - rowsum(dp * p)), fp32 inside, written in q.dtype; masked entries have p = 0, so ds = 0
+        ds = torch.ops.aten._softmax_backward_data(dp, p, -1, q.dtype)
+        del dp
+        dq = _bmm(ds, k, scale)
+        dk = _bmm(ds.transpose(-2, -1), q, scale)
+        return dq, dk, dv
 
 
 @_bwd_op.register_fake

@@ -113,7 +113,7 @@ def test_default_runs_the_warp_specialised_kernels(d, causal, varlen):
 
 
 @hopper_only
-def test_a_choice_sets_only_its_class(kernel_path):
+def test_a_choice_sets_only_its_class():
     """set_sm90_choice changes the kernels of its (pass, head dim, causal, bucket) only: the causal
     class's backward forced to lock-step and its forward to FA2 at 2048 keys leave the non-causal class
     and the 512-key bucket on the defaults."""

@@ -110,3 +110,28 @@ def test_recomputed_math_keeps_no_score_matrix_on_the_gpu():
     torch.testing.assert_close(results[True][0], results[False][0])
     for a, b in zip(results[True][1], results[False][1]):
         torch.testing.assert_close(a, b)
+
+
+def test_math_under_autocast_keeps_its_probabilities_in_bf16():
+    """Under bf16 autocast with fp32 leaves (as the trainer runs), the math backend's saved P is bf16 -- CUDA's
+    autocast would otherwise write softmax in fp32 -- and its output and gradients match the fp32 reference
+    within 2x PyTorch's own bf16 error."""
+    from model.materialized_attention import _fwd_op, materialized_attention
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 333, 4, 64, device="cuda", requires_grad=True) for _ in range(3))  # (B, T, H, D)
+    dout = torch.randn(2, 333, 4, 64, device="cuda")
+    bhtd = [x.transpose(1, 2) for x in (q, k, v)]  # the op's (B, H, T, D)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out_p = _fwd_op(*(x.bfloat16() for x in bhtd), None, 64 ** -0.5, True)
+        out = materialized_attention(*bhtd).transpose(1, 2)
+    assert [t.dtype for t in out_p] == [torch.bfloat16, torch.bfloat16]
+    assert out.dtype == torch.bfloat16
+    grads = torch.autograd.grad(out, (q, k, v), dout.bfloat16())
+    ref, _ = attention_ref(q, k, v, causal=True)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), dout)
+    pt, _ = attention_ref(q.bfloat16(), k.bfloat16(), v.bfloat16(), causal=True, upcast=False)
+    pt_grads = torch.autograd.grad(pt, (q, k, v), dout.bfloat16())
+    for name, ours, r, p in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads), (pt, *pt_grads)):
+        assert torch.isfinite(ours).all(), name
+        e, e_pt = _err(ours, r), _err(p, r)
+        assert e <= 2 * e_pt + EPS_GRAD, f"math {name}: max err {e:.3e} > 2 x torch's {e_pt:.3e}"
