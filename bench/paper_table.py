@@ -10,8 +10,8 @@ beside the paper's A100 figures and a PNG bar chart.
 
 Columns (model.attention): math = "without FlashAttention" (scores materialised, fp32 softmax; a run
 that runs out of memory is retried with model.recompute_attention=true, marked * in the table, and is
-OOM if that fails too; where the s x s probabilities kept for the backward alone exceed the GPU's memory
-the first try is skipped), sdpa_flash = PyTorch SDPA's FlashAttention-2 backend, sdpa_cudnn = SDPA's
+OOM if that fails too; where the s x s probabilities kept for the backward and the fp32 weights, gradients
+and AdamW moments alone exceed the GPU's memory the first try is skipped), sdpa_flash = PyTorch SDPA's FlashAttention-2 backend, sdpa_cudnn = SDPA's
 cuDNN backend (a column the paper could not have), flash = ours. Rows: GPT3-1.3B / 2.7B
 (configs/gpt_1.3b_8k.yaml, gpt_2.7b_8k.yaml) at 2k and 8k tokens; at 2k the micro-batch holds as many
 tokens as the config's at 8k. Every run: the config's model and training settings, `--accum`
@@ -91,6 +91,13 @@ def score_matrices_gb(n_layer: int, n_head: int, micro: int, seq: int) -> float:
     return n_layer * n_head * micro * seq * seq * 2 / 1e9
 
 
+def model_state_gb(cfg, nproc: int) -> float:
+    """fp32 weights, gradients and AdamW's two moments (16 bytes a parameter) per GPU, GB: divided over
+    the GPUs only where the engine shards them (FSDP, DeepSpeed ZeRO)."""
+    sharded = cfg.engine.parallel == "fsdp" or (cfg.engine.type == "deepspeed" and cfg.engine.zero_stage > 0)
+    return 16 * cfg.model.num_params() / 1e9 / (nproc if sharded else 1)
+
+
 def gpu_name() -> str:
     return query_gpu("name") or "cpu"
 
@@ -118,11 +125,12 @@ class Cell:
     def __init__(self, args, model: str, seq: int, attention: str, gpu: str):
         self.model, self.seq, self.attention, self.nproc, self.gpu = model, seq, attention, args.nproc, gpu
         self.args = args
-        cfg = load_config(MODELS[model][0], [])
+        cfg = load_config(MODELS[model][0], list(args.override))
         self.config_seq = cfg.model.seq_len
         tokens_per_micro = cfg.train.micro_batch_size * cfg.model.seq_len
         self.micro = max(1, tokens_per_micro // seq)
         self.scores_gb = score_matrices_gb(cfg.model.n_layer, cfg.model.n_head, self.micro, seq)
+        self.state_gb = model_state_gb(cfg, args.nproc)
         self.global_batch = self.micro * args.accum * args.nproc
         self.name = f"{model}-{seq_label(seq)}-{attention}-{args.nproc}gpu"
 
@@ -157,12 +165,14 @@ class Cell:
                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
         tries = [False, True] if self.attention == "math" else [False]
         memory = gpu_memory_gb()
-        if self.attention == "math" and memory is not None and self.scores_gb > memory:
-            # the score matrices alone exceed the GPU: straight to the recomputed attention
-            print(f"[{self.name}] the s x s scores alone take {self.scores_gb:.0f} GB > {memory:.0f} GB: "
-                  f"model.recompute_attention=true", flush=True)
+        if self.attention == "math" and memory is not None and self.scores_gb + self.state_gb > memory:
+            # the probabilities and the optimizer state alone exceed the GPU: straight to the recomputed
+            # attention (a plain try would compile, then fail at its first step)
+            print(f"[{self.name}] the s x s scores ({self.scores_gb:.0f} GB) and the weights, gradients and "
+                  f"AdamW moments ({self.state_gb:.0f} GB) exceed {memory:.0f} GB: model.recompute_attention=true",
+                  flush=True)
             tries = [True]
-            rec["scores_gb"] = round(self.scores_gb, 1)
+            rec.update(scores_gb=round(self.scores_gb, 1), state_gb=round(self.state_gb, 1))
         for recompute in tries:
             cmd = self.command(recompute)
             run_dir = Path(self.args.out_dir) / self.run_name(recompute)
@@ -317,12 +327,17 @@ def main(argv=None) -> int:
                     append_result(args.results, rec)
                     print(f"[{cell.name}] {_cell_text(rec)}", flush=True)
     results = read_results(args.results)
-    print()
-    print(markdown(results, args.nproc, gpu, args.attention))
-    png = chart(results, args.nproc, gpu, args.attention,
-                Path(args.chart or Path(args.out_dir) / f"paper_table_{args.nproc}gpu.png"))
-    if png:
-        print(f"\nchart: {png}; W&B runs (group {args.group}): {args.out_dir}/*/wandb")
+    if args.table_only:  # the GPUs the file's cells ran on, not this machine's (tables are made anywhere)
+        gpus = sorted({r["gpu"] for r in results if r["nproc"] == args.nproc}) or [gpu]
+    else:
+        gpus = [gpu]
+    for g in gpus:
+        print()
+        print(markdown(results, args.nproc, g, args.attention))
+        name = f"paper_table_{args.nproc}gpu" + ("" if len(gpus) == 1 else "_" + g.replace(" ", "_"))
+        png = chart(results, args.nproc, g, args.attention, Path(args.chart or Path(args.out_dir) / f"{name}.png"))
+        if png:
+            print(f"\nchart: {png}; W&B runs (group {args.group}): {args.out_dir}/*/wandb")
     return 0
 
 

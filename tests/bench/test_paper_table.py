@@ -125,12 +125,12 @@ class FakeTrain:
         return type("Done", (), {"returncode": 0})()
 
 
-def _cell(tmp_path, monkeypatch, attention, seq, memory_gb, oom=()):
+def _cell(tmp_path, monkeypatch, attention, seq, memory_gb, oom=(), model="1.3b", extra=()):
     fake = FakeTrain(oom)
     monkeypatch.setattr(paper_table.subprocess, "run", fake)
     monkeypatch.setattr(paper_table, "gpu_memory_gb", lambda: memory_gb)
-    args = paper_table.parse_args(["--out-dir", str(tmp_path), "--steps", "4", "--warmup", "2"])
-    rec = paper_table.Cell(args, "1.3b", seq, attention, "NVIDIA H100 80GB HBM3").run()
+    args = paper_table.parse_args(["--out-dir", str(tmp_path), "--steps", "4", "--warmup", "2", *extra])
+    rec = paper_table.Cell(args, model, seq, attention, "NVIDIA H100 80GB HBM3").run()
     return rec, [next(a for a in c if a.startswith("model.recompute_attention=")) for c in fake.commands]
 
 
@@ -151,6 +151,20 @@ def test_math_whose_scores_exceed_the_gpu_recomputes_at_once(tmp_path, monkeypat
     rec, tries = _cell(tmp_path, monkeypatch, "math", 2048, 80.0,
                        oom=["1.3b-2k-math-1gpu", "1.3b-2k-math-1gpu-recompute"])
     assert rec["status"] == "oom" and len(tries) == 2
+
+
+def test_math_whose_scores_and_optimizer_state_exceed_the_gpu_recomputes_at_once(tmp_path, monkeypatch):
+    """2.7B at 2k, micro-batch 8: probabilities 32 layers x 20 heads x 8 x 2048^2 x 2 bytes = 43 GB and fp32
+    weights, gradients and AdamW moments 16 x 2.67B = 43 GB exceed 80 GB together (not alone): no plain try;
+    on a 141 GB GPU the plain run comes first. Sharded (FSDP on 4 GPUs) the state is a quarter."""
+    rec, tries = _cell(tmp_path, monkeypatch, "math", 2048, 80.0, model="2.7b")
+    assert tries == ["model.recompute_attention=true"]
+    assert rec["scores_gb"] == pytest.approx(42.9, abs=0.1) and rec["state_gb"] == pytest.approx(42.7, abs=0.1)
+    _, tries = _cell(tmp_path, monkeypatch, "math", 2048, 141.0, model="2.7b")
+    assert tries == ["model.recompute_attention=false"]
+    args = paper_table.parse_args(["--nproc", "4", "engine.parallel=fsdp"])
+    cell = paper_table.Cell(args, "2.7b", 2048, "math", "NVIDIA H100 80GB HBM3")
+    assert cell.state_gb == pytest.approx(rec["state_gb"] / 4, abs=0.1)
 
 
 def test_other_columns_run_once(tmp_path, monkeypatch):
