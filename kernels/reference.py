@@ -65,8 +65,7 @@ def attention_ref(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     dtype = q.dtype
     if upcast:
         q, k, v = q.float(), k.float(), v.float()
-    b, sq, h, d = q.shape
-    sk, hk = k.shape[1], k.shape[2]
+    h, d, hk = q.shape[2], q.shape[3], k.shape[2]
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
     if hk != h:  # GQA / MQA: query head i uses kv head i // (h // hk)
         k = k.repeat_interleave(h // hk, dim=2)
