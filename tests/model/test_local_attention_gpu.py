@@ -38,8 +38,8 @@ def test_local_layer_bf16_against_the_fp32_reference(backend, packed, b, t, h, h
     q = torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(b, t, hk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     dout = torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16)
-    if packed:  # documents over the flattened batch, one crossing a row boundary
-        bounds = sorted({0, b * t, t // 3, t + 5, (b * t) // 2, b * t - 7} - {b * t}) + [b * t]
+    if packed:  # documents over the flattened batch; every row starts one (as data/loader.py's segments)
+        bounds = sorted({r * t for r in range(b)} | {r * t + t // 3 for r in range(b)} | {b * t - 7}) + [b * t]
         cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")
         maxlen = max(y - x for x, y in zip(bounds, bounds[1:]))
 
