@@ -28,11 +28,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from kernels.reference import window_mask
 from model.config import GPTConfig
 from model.linear import Linear
 from model.materialized_attention import materialized_attention
 from model.rope import apply_rotary
-from kernels.reference import window_mask
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,11 @@ def _our_kernel_status() -> Tuple[bool, str]:
     return False, kernels.unavailable_reason()
 
 
+def _no_window_message(backend: str, window: int) -> str:
+    return (f"model.attention={backend} cannot run a local window (model.attention_window={window}: that SDPA "
+            f"backend takes no mask); use model.attention=flash or sdpa (or auto, math), or model.attention_window=0")
+
+
 def resolve_backend(requested: str, device: torch.device, head_dim: int = 128,
                     dtype: torch.dtype = torch.bfloat16, window: int = 0) -> Tuple[str, str]:
     """Return (backend, reason). `requested` is the config's model.attention; `dtype` is what
@@ -97,9 +102,7 @@ def resolve_backend(requested: str, device: torch.device, head_dim: int = 128,
     sweep on an H100 (bench/RESULTS.md); `model.attention=sdpa` selects SDPA.
     """
     if window > 0 and requested in SDPA_ONLY:
-        raise AttentionUnavailable(f"model.attention={requested} cannot run a local window (model.attention_window="
-                                   f"{window}: that SDPA backend takes no mask); use model.attention=flash or sdpa "
-                                   f"(or auto, math), or model.attention_window=0")
+        raise AttentionUnavailable(_no_window_message(requested, window))
     if requested in ("sdpa", "reference"):
         return requested, "asked for in model.attention"
     if requested == "math":
@@ -163,9 +166,7 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         assert backend in BACKENDS, backend
         if window > 0 and backend in SDPA_ONLY:
-            raise AttentionUnavailable(f"model.attention={backend} cannot run a local window (model.attention_window="
-                                       f"{window}: that SDPA backend takes no mask); use model.attention=flash or "
-                                       f"sdpa (or auto, math), or model.attention_window=0")
+            raise AttentionUnavailable(_no_window_message(backend, window))
         self.window = max(int(window), 0)
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
         kv_dim = self.n_kv_head * self.head_dim
@@ -265,9 +266,8 @@ class CausalSelfAttention(nn.Module):
                              f"has no mask); use data.doc_boundaries=false, or model.attention=sdpa or math")
         mask = doc_mask(cu_seqlens, B, T) if cu_seqlens is not None else None
         if self._local_window(T):
-            if self.backend in SDPA_ONLY:
-                raise ValueError(f"model.attention={self.backend} cannot run a local window (its backend has no "
-                                 f"mask); use model.attention=flash or sdpa, or model.attention_window=0")
+            if self.backend in SDPA_ONLY:  # refused at construction; a backend switched afterwards lands here
+                raise AttentionUnavailable(_no_window_message(self.backend, self.window))
             # (T, T) causal band; within a document too, as documents are contiguous runs of the row
             band = window_mask(T, T, True, (self.window - 1, 0), q.device)
             mask = band if mask is None else mask & band
