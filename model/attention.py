@@ -10,6 +10,9 @@ Backends (chosen once per model, logged):
   reference  - plain matmul + softmax in fp32; slow, for checking
   auto       - ours on CUDA in bf16/fp16 (else, or where it cannot load, SDPA)
 model.recompute_attention recomputes the attention's forward in the backward (any backend).
+model.attention_window > 0 makes some layers local (a causal band of that many tokens): flash passes
+window_size to our kernel, sdpa / math / reference take a boolean mask; sdpa_flash and sdpa_cudnn take
+no mask and are refused.
 Context parallelism comes from outside: the module's `context_parallel` slot (None on one device) takes
 a wrapper (training/context_parallel) that exchanges sequence slices around the module's own attention.
 """
@@ -25,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from kernels.reference import window_mask
 from model.config import GPTConfig
 from model.linear import Linear
 from model.materialized_attention import materialized_attention
@@ -81,16 +85,24 @@ def _our_kernel_status() -> Tuple[bool, str]:
     return False, kernels.unavailable_reason()
 
 
+def _no_window_message(backend: str, window: int) -> str:
+    return (f"model.attention={backend} cannot run a local window (model.attention_window={window}: that SDPA "
+            f"backend takes no mask); use model.attention=flash or sdpa (or auto, math), or model.attention_window=0")
+
+
 def resolve_backend(requested: str, device: torch.device, head_dim: int = 128,
-                    dtype: torch.dtype = torch.bfloat16) -> Tuple[str, str]:
+                    dtype: torch.dtype = torch.bfloat16, window: int = 0) -> Tuple[str, str]:
     """Return (backend, reason). `requested` is the config's model.attention; `dtype` is what
-    attention computes in (the autocast dtype; float32 without autocast).
+    attention computes in (the autocast dtype; float32 without autocast); `window` the model's
+    attention_window (> 0: some layers local, which sdpa_flash and sdpa_cudnn cannot run).
 
     `auto` is our kernel on CUDA (it builds on first use) for bf16/fp16 and head dims up to 128,
     and SDPA otherwise, or where our kernel cannot build or load (the reason is logged). Ours is at
     or above PyTorch's own FlashAttention-2 (SDPA flash) and SDPA's cuDNN backend over the kernel
     sweep on an H100 (bench/RESULTS.md); `model.attention=sdpa` selects SDPA.
     """
+    if window > 0 and requested in SDPA_ONLY:
+        raise AttentionUnavailable(_no_window_message(requested, window))
     if requested in ("sdpa", "reference"):
         return requested, "asked for in model.attention"
     if requested == "math":
@@ -149,9 +161,13 @@ def reference_attention(q, k, v, mask: Optional[torch.Tensor] = None) -> torch.T
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig, backend: str):
+    def __init__(self, cfg: GPTConfig, backend: str, window: int = 0):
+        """`window` > 0: a local layer, token t attends to tokens t - window + 1 .. t (cfg.window_of)."""
         super().__init__()
         assert backend in BACKENDS, backend
+        if window > 0 and backend in SDPA_ONLY:
+            raise AttentionUnavailable(_no_window_message(backend, window))
+        self.window = max(int(window), 0)
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
         kv_dim = self.n_kv_head * self.head_dim
         # model/linear.py's Linear: nn.Linear with a main_grad slot, so that with the weight cache the
@@ -187,7 +203,7 @@ class CausalSelfAttention(nn.Module):
         if self.backend == "flash" and not self.rotary and cu_seqlens is None and self.context_parallel is None:
             # our kernel on the packed heads: its backward returns one d(qkv), no concatenation
             packed = qkv.view(B, T, self.n_head + 2 * self.n_kv_head, self.head_dim)
-            y = self._attend(self._flash_packed, packed)  # (B, T, H, D)
+            y = self._attend(self._flash_packed, packed, T)  # (B, T, H, D)
             return self.dropout(self.proj(y.reshape(B, T, C)))
         q, k, v = qkv.split([C, kv_dim, kv_dim], dim=-1)
         q = q.view(B, T, self.n_head, self.head_dim)  # (B, T, H, D)
@@ -210,21 +226,33 @@ class CausalSelfAttention(nn.Module):
             return self._attend(self._flash, q, k, v, cu_seqlens, max_seqlen)
         return self._attend(self._torch, q, k, v, cu_seqlens)
 
-    def _flash_packed(self, packed):
+    def _local_window(self, T: int) -> bool:
+        """Whether this layer masks a band at sequence length T (a window >= T is every causal key)."""
+        return 0 < self.window < T
+
+    def _flash_window(self, T: int) -> dict:
+        """Our kernel's window argument, window_size=(w - 1, 0) with causal=True; none for a dense layer."""
+        return {"window_size": (self.window - 1, 0)} if self._local_window(T) else {}
+
+    def _flash_packed(self, packed, T):
         import kernels
 
         return kernels.flash_attn_qkvpacked_func(packed, n_kv_heads=self.n_kv_head, causal=True,
-                                                 deterministic=self.deterministic)  # (B, T, H, D)
+                                                 deterministic=self.deterministic,
+                                                 **self._flash_window(T))  # (B, T, H, D)
 
     def _flash(self, q, k, v, cu_seqlens, max_seqlen):
         import kernels
 
-        if cu_seqlens is None:
-            return kernels.flash_attn_func(q, k, v, causal=True, deterministic=self.deterministic)
         B, T = q.shape[:2]
+        if cu_seqlens is None:
+            return kernels.flash_attn_func(q, k, v, causal=True, deterministic=self.deterministic,
+                                           **self._flash_window(T))
+        # the kernel aligns the window per document (each document's own positions)
         y = kernels.flash_attn_varlen_func(
             q.reshape(B * T, *q.shape[2:]), k.reshape(B * T, *k.shape[2:]), v.reshape(B * T, *v.shape[2:]),
-            cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True, deterministic=self.deterministic)
+            cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True, deterministic=self.deterministic,
+            **self._flash_window(T))
         return y.view(B, T, *y.shape[1:])
 
     def _torch(self, q, k, v, cu_seqlens):
@@ -237,6 +265,12 @@ class CausalSelfAttention(nn.Module):
             raise ValueError(f"model.attention={self.backend} does not take document boundaries (its backend "
                              f"has no mask); use data.doc_boundaries=false, or model.attention=sdpa or math")
         mask = doc_mask(cu_seqlens, B, T) if cu_seqlens is not None else None
+        if self._local_window(T):
+            if self.backend in SDPA_ONLY:  # refused at construction; a backend switched afterwards lands here
+                raise AttentionUnavailable(_no_window_message(self.backend, self.window))
+            # (T, T) causal band; within a document too, as documents are contiguous runs of the row
+            band = window_mask(T, T, True, (self.window - 1, 0), q.device)
+            mask = band if mask is None else mask & band
         if self.backend == "reference":
             y = reference_attention(q, k, v, mask)
         elif self.backend == "math":

@@ -27,6 +27,15 @@ class GPTConfig:
     # auto | flash (our kernel) | sdpa | sdpa_flash / sdpa_cudnn (SDPA held to that one backend) | math
     # (scores materialised, softmax in fp32: "without FlashAttention") | reference (fp32, for checking)
     attention: str = "auto"
+    # Local (sliding-window) attention, GPT-3's "alternating dense and locally banded sparse attention
+    # patterns": attention_window = w tokens (0 = every layer dense). A local layer's token t attends to
+    # tokens t - w + 1 .. t (itself and the w - 1 before it; inside its own document with packed
+    # documents), i.e. window_size=(w - 1, 0) with causal=True in the kernels' convention (docs/kernels.md).
+    # A window >= seq_len is the same as dense.
+    attention_window: int = 0
+    # which layers (0-based) are local when attention_window > 0: odd (1, 3, 5, ...: GPT-3's alternation,
+    # the first layer dense) | even (0, 2, 4, ...) | all
+    attention_window_layers: str = "odd"
     # recompute_attention: the attention keeps only q, k, v and runs its forward again in the backward
     # (torch.utils.checkpoint around the attention call): what lets `math` fit at long context
     recompute_attention: bool = False
@@ -62,6 +71,16 @@ class GPTConfig:
         if not self.recompute_gelu:
             return False
         return self.recompute_gelu_layers < 0 or layer < self.recompute_gelu_layers
+
+    def window_of(self, layer: int) -> int:
+        """Block `layer`'s (0-based) attention window in tokens; 0 = dense (attention_window[_layers])."""
+        if self.attention_window <= 0:
+            return 0
+        local = {"all": True, "odd": layer % 2 == 1, "even": layer % 2 == 0}.get(self.attention_window_layers)
+        if local is None:
+            raise ValueError(f"model.attention_window_layers={self.attention_window_layers!r} is not one of odd, "
+                             f"even, all")
+        return self.attention_window if local else 0
 
     @property
     def head_dim(self) -> int:

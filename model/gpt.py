@@ -50,7 +50,7 @@ class Block(nn.Module):
     def __init__(self, cfg: GPTConfig, backend: str, mlp_impl: str = "torch", layer: int = 0):
         super().__init__()
         self.ln1 = LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias, saves_output=cfg.norm_saves_output)
-        self.attn = CausalSelfAttention(cfg, backend)
+        self.attn = CausalSelfAttention(cfg, backend, window=cfg.window_of(layer))  # window 0: dense
         self.ln2 = LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias, saves_output=cfg.norm_saves_output)
         self.mlp = MLP(cfg, mlp_impl, recompute_gelu=cfg.recomputes_gelu(layer))
         self.fused_add_norm = cfg.fused_add_norm  # GPT checks norm_saves_output is on too
@@ -80,8 +80,12 @@ class GPT(nn.Module):
                              "output-keeping LayerNorm's); set both, or fused_add_norm=false")
         backend_device = torch.device(device) if device is not None else torch.device("cpu")
         self.attention_backend, reason = resolve_backend(cfg.attention, backend_device, cfg.head_dim,
-                                                         attention_dtype)
+                                                         attention_dtype, cfg.attention_window)
         log.info("attention backend: %s (%s)", self.attention_backend, reason)
+        if cfg.attention_window > 0:
+            local = [i for i in range(cfg.n_layer) if cfg.window_of(i)]
+            log.info("local attention: window of %d tokens in layers %s (%s), the others dense",
+                     cfg.attention_window, local, cfg.attention_window_layers)
         self.mlp_impl, reason = resolve_mlp(cfg.mlp, backend_device, attention_dtype, cfg.d_model,
                                             cfg.mlp_ratio * cfg.d_model)
         log.info("MLP: %s (%s)", self.mlp_impl, reason)

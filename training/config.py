@@ -261,6 +261,15 @@ def validate(cfg: Config, world_size: Optional[int] = None) -> None:
     if cfg.data.doc_boundaries and m.attention in ("sdpa_flash", "sdpa_cudnn"):
         raise ConfigError(f"model.attention={m.attention} does not take data.doc_boundaries (that SDPA backend "
                           f"has no document mask); use model.attention=sdpa, math or auto, or doc_boundaries=false")
+    # a window >= model.seq_len is allowed: every token then sees all before it, the same as dense
+    if m.attention_window < 0:
+        raise ConfigError(f"model.attention_window={m.attention_window} must be >= 0 (tokens a local layer "
+                          f"sees, itself included; 0 = every layer dense)")
+    _choice(m.attention_window_layers, ("odd", "even", "all"), "model.attention_window_layers")
+    if m.attention_window > 0 and m.attention in ("sdpa_flash", "sdpa_cudnn"):
+        raise ConfigError(f"model.attention={m.attention} cannot run a local window (model.attention_window="
+                          f"{m.attention_window}: that SDPA backend takes no mask); use model.attention=flash or "
+                          f"sdpa (or auto, math), or model.attention_window=0")
     _choice(m.mlp, ("auto", "fused", "torch"), "model.mlp")
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")

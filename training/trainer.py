@@ -469,6 +469,8 @@ class Trainer:
                 f"seq {c.model.seq_len} | {c.model.num_params() / 1e6:.2f}M params | attention "
                 f"{self.engine.model.attention_backend}"
                 f"{' (recomputed in backward)' if c.model.recompute_attention else ''}"
+                + (f", local band of {c.model.attention_window} tokens in {c.model.attention_window_layers} layers"
+                   if c.model.attention_window else "") +
                 f" | MLP {getattr(self.engine.model, 'mlp_impl', 'torch')}"
                 f"{' | torch.compile' if self.engine.compiled else ''}"
                 f"{self._engine_banner()} | "
