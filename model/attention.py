@@ -85,9 +85,18 @@ def _our_kernel_status() -> Tuple[bool, str]:
     return False, kernels.unavailable_reason()
 
 
-def _no_window_message(backend: str, window: int) -> str:
-    return (f"model.attention={backend} cannot run a local window (model.attention_window={window}: that SDPA "
-            f"backend takes no mask); use model.attention=flash or sdpa (or auto, math), or model.attention_window=0")
+def window_refusal(backend: str, window: int) -> Optional[str]:
+    """The one-line reason `backend` cannot run a local layer of `window` tokens, or None where it can."""
+    if window <= 0:
+        return None
+    if backend in SDPA_ONLY:
+        why = "that SDPA backend takes no mask"
+    elif backend == "flash":
+        why = "our kernels have no window yet"
+    else:
+        return None
+    return (f"model.attention={backend} cannot run a local window (model.attention_window={window}: {why}); "
+            f"use model.attention=sdpa (or auto, math), or model.attention_window=0")
 
 
 def resolve_backend(requested: str, device: torch.device, head_dim: int = 128,
@@ -101,8 +110,9 @@ def resolve_backend(requested: str, device: torch.device, head_dim: int = 128,
     or above PyTorch's own FlashAttention-2 (SDPA flash) and SDPA's cuDNN backend over the kernel
     sweep on an H100 (bench/RESULTS.md); `model.attention=sdpa` selects SDPA.
     """
-    if window > 0 and requested in SDPA_ONLY:
-        raise AttentionUnavailable(_no_window_message(requested, window))
+    refusal = window_refusal(requested, window)
+    if refusal:
+        raise AttentionUnavailable(refusal)
     if requested in ("sdpa", "reference"):
         return requested, "asked for in model.attention"
     if requested == "math":
@@ -123,6 +133,8 @@ def resolve_backend(requested: str, device: torch.device, head_dim: int = 128,
             raise AttentionUnavailable("model.attention=flash needs a CUDA device; on this machine use "
                                        "model.attention=sdpa (or auto)")
         return "sdpa", f"auto on {device.type}: our kernel is CUDA-only"
+    if window > 0:  # our kernels take no window_size: local layers need a masked SDPA
+        return "sdpa", f"auto with model.attention_window={window}: our kernels have no window yet, SDPA with a band mask"
     if requested == "auto" and (head_dim > 128 or dtype not in (torch.bfloat16, torch.float16)):
         return "sdpa", (f"auto: our kernel takes bf16/fp16 and head dim <= 128, this model computes "
                         f"attention in {dtype} at head dim {head_dim}")
@@ -165,8 +177,8 @@ class CausalSelfAttention(nn.Module):
         """`window` > 0: a local layer, token t attends to tokens t - window + 1 .. t (cfg.window_of)."""
         super().__init__()
         assert backend in BACKENDS, backend
-        if window > 0 and backend in SDPA_ONLY:
-            raise AttentionUnavailable(_no_window_message(backend, window))
+        if window_refusal(backend, window):
+            raise AttentionUnavailable(window_refusal(backend, window))
         self.window = max(int(window), 0)
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
         kv_dim = self.n_kv_head * self.head_dim
@@ -267,7 +279,7 @@ class CausalSelfAttention(nn.Module):
         mask = doc_mask(cu_seqlens, B, T) if cu_seqlens is not None else None
         if self._local_window(T):
             if self.backend in SDPA_ONLY:  # refused at construction; a backend switched afterwards lands here
-                raise AttentionUnavailable(_no_window_message(self.backend, self.window))
+                raise AttentionUnavailable(window_refusal(self.backend, self.window))
             # (T, T) causal band; within a document too, as documents are contiguous runs of the row
             band = window_mask(T, T, True, (self.window - 1, 0), q.device)
             mask = band if mask is None else mask & band

@@ -109,6 +109,15 @@ class GPTConfig:
         i.e. per token 6·N + 12·L·d·s, with N all parameters and attention counted as if
         non-causal. `causal_aware=True` halves the attention term (Megatron's convention):
         6·N + 6·L·d·s.
+        A local layer (window w < s, see window_of) attends w keys per query: 12·d·w in the paper's
+        convention; causal-aware, the mean keys a query actually sees, w - w²/(2s) (w = s gives s/2).
         """
-        attn = 12 * self.n_layer * self.d_model * self.seq_len
-        return 6 * self.num_params() + (attn / 2 if causal_aware else attn)
+        d, s = self.d_model, self.seq_len
+        keys = 0.0  # keys per query summed over layers
+        for layer in range(self.n_layer):
+            w = self.window_of(layer)
+            if 0 < w < s:
+                keys += w - w * w / (2 * s) if causal_aware else w
+            else:
+                keys += s / 2 if causal_aware else s
+        return 6 * self.num_params() + 12 * d * keys

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from model.attention import window_refusal
 from model.config import GPTConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -266,10 +267,8 @@ def validate(cfg: Config, world_size: Optional[int] = None) -> None:
         raise ConfigError(f"model.attention_window={m.attention_window} must be >= 0 (tokens a local layer "
                           f"sees, itself included; 0 = every layer dense)")
     _choice(m.attention_window_layers, ("odd", "even", "all"), "model.attention_window_layers")
-    if m.attention_window > 0 and m.attention in ("sdpa_flash", "sdpa_cudnn"):
-        raise ConfigError(f"model.attention={m.attention} cannot run a local window (model.attention_window="
-                          f"{m.attention_window}: that SDPA backend takes no mask); use model.attention=flash or "
-                          f"sdpa (or auto, math), or model.attention_window=0")
+    if window_refusal(m.attention, m.attention_window):
+        raise ConfigError(window_refusal(m.attention, m.attention_window))
     _choice(m.mlp, ("auto", "fused", "torch"), "model.mlp")
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")

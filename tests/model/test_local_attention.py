@@ -146,7 +146,7 @@ def test_sdpa_backends_without_a_mask_refuse_a_window(backend):
     for device in ("cpu", "cuda"):  # decided before any device check
         with pytest.raises(AttentionUnavailable, match=f"model.attention={backend} cannot run a local window") as e:
             resolve_backend(backend, torch.device(device), 16, torch.float32, window=W)
-        assert "\n" not in str(e.value) and "use model.attention=flash or sdpa" in str(e.value)
+        assert "\n" not in str(e.value) and "use model.attention=sdpa (or auto, math)" in str(e.value)
     with pytest.raises(AttentionUnavailable, match="cannot run a local window"):
         CausalSelfAttention(_cfg(attention_window=W), backend, window=W)
     with pytest.raises(ConfigError, match=f"model.attention={backend} cannot run a local window"):
@@ -162,3 +162,29 @@ def test_bad_window_config_is_one_config_error(override, line):
         load_config("tiny_cpu_local.yaml", [override])
     assert "\n" not in str(e.value)
     assert load_config("tiny_cpu.yaml", ["model.attention_window=4096"]).model.attention_window == 4096  # dense
+
+
+def test_model_flops_count_a_local_layer_at_its_window():
+    """Paper convention: a local layer attends w keys per query (12·d·w per token) instead of s;
+    causal-aware: the mean keys a query sees, w - w²/(2s); a window >= s is dense."""
+    dense = GPTConfig(n_layer=4, d_model=64, n_head=4, vocab_size=128, seq_len=1024)
+    local = GPTConfig(n_layer=4, d_model=64, n_head=4, vocab_size=128, seq_len=1024, attention_window=256)
+    base = 6 * dense.num_params()
+    assert dense.flops_per_token() == base + 12 * 64 * 4 * 1024
+    assert dense.flops_per_token(causal_aware=True) == base + 6 * 64 * 4 * 1024
+    # layers 1 and 3 local ("odd"), 0 and 2 dense
+    assert local.flops_per_token() == base + 12 * 64 * (2 * 1024 + 2 * 256)
+    assert local.flops_per_token(causal_aware=True) == pytest.approx(
+        base + 12 * 64 * (2 * 512 + 2 * (256 - 256 ** 2 / 2048)))
+    wide = GPTConfig(n_layer=4, d_model=64, n_head=4, vocab_size=128, seq_len=1024, attention_window=4096)
+    assert wide.flops_per_token() == dense.flops_per_token()
+
+
+def test_auto_with_a_window_runs_sdpa_on_cuda_until_our_kernels_take_one():
+    cuda = torch.device("cuda")
+    backend, why = resolve_backend("auto", cuda, 64, torch.bfloat16, window=32)
+    assert backend == "sdpa" and "window" in why
+    with pytest.raises(AttentionUnavailable, match="model.attention=flash cannot run a local window"):
+        resolve_backend("flash", cuda, 64, torch.bfloat16, window=32)
+    with pytest.raises(ConfigError, match="our kernels have no window yet"):
+        load_config("tiny_cpu_local.yaml", ["model.attention=flash"])
