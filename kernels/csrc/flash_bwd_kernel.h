@@ -51,7 +51,8 @@ flash_bwd_kernel(const Flash_bwd_params params) {
 
     const SeqInfo seq(params, b);
     if (n_block * BN >= seq.sk) return;
-    const BwdRange range = BwdRange::make<Is_causal>(seq, n_block, BM, BN);
+    BwdRange range = BwdRange::make<Is_causal>(seq, n_block, BM, BN);
+    range.apply_window(params, n_block, BM, BN);
     const int keys_left = range.keys_left;
     const BwdBlockPtrs<T> gp(params, seq, b, h, n_block, BN, D);
     auto load_q_block = [&](int m, int buf) {
@@ -138,7 +139,8 @@ flash_bwd_kernel(const Flash_bwd_params params) {
         __syncthreads();  // dS^T complete in shared memory
 
         // ---- dQ_i += dS K (atomics into dq_accum; ordered in deterministic mode) ----------------
-        dq_accumulate<Kt>(params, sdS, SDS, sK, gp.dq, gp.dq_row_stride, seq.sq, b, h, m, n_block, warp,
+        dq_accumulate<Kt>(params, sdS, SDS, sK, gp.dq, gp.dq_row_stride, seq.sq, b, h, m,
+                          range.dq_order(m, n_block, BM, BN), warp,
                           lane, tid);
         // No trailing barrier needed: the next writes to sdS / this buffer come after the next
         // iteration's first __syncthreads, which every thread reaches only after finishing here.

@@ -48,7 +48,8 @@ flash_bwd_kernel_2d(const Flash_bwd_params params) {
 
     const SeqInfo seq(params, b);
     if (n_block * BN >= seq.sk) return;
-    const BwdRange range = BwdRange::make<Is_causal>(seq, n_block, BM, BN);
+    BwdRange range = BwdRange::make<Is_causal>(seq, n_block, BM, BN);
+    range.apply_window(params, n_block, BM, BN);
     const int keys_left = range.keys_left;
     const BwdBlockPtrs<T> gp(params, seq, b, h, n_block, BN, D);
     auto load_q_block = [&](int m, int buf) {
@@ -128,7 +129,8 @@ flash_bwd_kernel_2d(const Flash_bwd_params params) {
         }
 
         // ---- phase 4: dQ_i += dS K (atomics into dq_accum; ordered in deterministic mode) --------
-        dq_accumulate<Kt>(params, sdS, SP, sK, gp.dq, gp.dq_row_stride, seq.sq, b, h, m, n_block, warp,
+        dq_accumulate<Kt>(params, sdS, SP, sK, gp.dq, gp.dq_row_stride, seq.sq, b, h, m,
+                          range.dq_order(m, n_block, BM, BN), warp,
                           lane, tid);
         // The next iteration's first barrier orders these reads of sP / sdS / buffer buf before
         // anything overwrites them.
