@@ -70,8 +70,9 @@ __device__ __forceinline__ void load_q_block(const Flash_bwd_params &p, const Bw
 }
 
 // Query blocks a key block visits, and its keys: causal (bottom-right aligned) starts at the first
-// query block that can see the block's first key; a local window (apply_window, FA2 kernels only)
-// narrows the range to the query blocks whose band reaches the block's keys.
+// query block that can see the block's first key; a local window (apply_window: the FA2 kernels with
+// Is_even = false, which every windowed call runs, so the even ones carry no window code) narrows the
+// range to the query blocks whose band reaches the block's keys.
 struct BwdRange {
     int keys_left, causal_off, m_min, m_max, sk;
     Window win;  // unbounded unless apply_window
@@ -102,20 +103,22 @@ struct BwdRange {
     template <bool Is_causal, bool Is_even>
     __device__ bool need_mask(int m, int n_block, int block_m, int block_n) const {
         return (Is_causal && n_block * block_n + block_n - 1 > m * block_m + causal_off) ||
-               (!Is_even && keys_left < block_n) ||
-               n_block * block_n < win.first_key(m * block_m + block_m - 1, causal_off) ||
-               n_block * block_n + block_n - 1 > win.last_key(m * block_m, causal_off);
+               (!Is_even && (keys_left < block_n ||
+                             n_block * block_n < win.first_key(m * block_m + block_m - 1, causal_off) ||
+                             n_block * block_n + block_n - 1 > win.last_key(m * block_m, causal_off)));
     }
     // P^T is 0 at (key, query), both indices in the sequence: a key past its end, a future key, or a
     // key outside the query's window.
-    template <bool Is_causal>
+    template <bool Is_causal, bool Is_even>
     __device__ bool masked(int key, int q) const {
-        return key >= sk || (Is_causal && key > q + causal_off) || win.masked(key, q, causal_off);
+        return key >= sk || (Is_causal && key > q + causal_off) || (!Is_even && win.masked(key, q, causal_off));
     }
     // The deterministic dQ order of key block n_block among the key blocks that visit query block m
     // (0 for the first): those are n_first .. n_block, n_first the first whose last key reaches the
     // window of m's first row.
+    template <bool Is_even>
     __device__ int dq_order(int m, int n_block, int block_m, int block_n) const {
+        if constexpr (Is_even) return n_block;
         return n_block - max(0, win.first_key(m * block_m, causal_off)) / block_n;
     }
 };

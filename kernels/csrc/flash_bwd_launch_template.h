@@ -21,8 +21,9 @@ void launch_bwd(Flash_bwd_params &params, cudaStream_t stream, KernelFor kernel_
     // The grid (grid_order.h) dispatches a head's low key blocks before its high ones:
     // deterministic mode waits on them.
     const dim3 grid = flash::tile_grid(params, num_n_blocks, /*group=*/1);
+    // A local window runs the ragged kernels, the only ones that read it (flash_bwd_common.h).
     const bool is_even = params.cu_seqlens_q == nullptr && params.seqlen_q % Kt::kBlockM == 0 &&
-                         params.seqlen_k % Kt::kBlockN == 0;
+                         params.seqlen_k % Kt::kBlockN == 0 && !has_window(params);
     BOOL_SWITCH(is_even, Is_even, [&] {
         launch_with_smem(kernel_for(std::bool_constant<Is_even>{}), grid, Kt::kNThreads, Kt::kSmemBytes,
                          params, stream);

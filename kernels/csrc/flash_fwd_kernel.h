@@ -164,11 +164,21 @@ flash_fwd_kernel(const Flash_fwd_params params) {
     const T *q_ptr = fb.q, *k_ptr = fb.k, *v_ptr = fb.v;
     T *o_ptr = fb.o;
     float *lse_ptr = fb.lse;
-    // Key blocks [n_block_min, n_block_max): those the window of some row of the block reaches.
-    const Window win(params);
-    const int last_key = win.last_key(m_block * BM + min(rows_left, BM) - 1, causal_off);
-    const int n_block_max = last_key < 0 ? 0 : min(fb.n_block_max, last_key / BN + 1);
-    const int n_block_min = max(0, win.first_key(m_block * BM, causal_off)) / BN;
+    // Key blocks [n_block_min, n_block_max): those some row of the block sees; under a local window
+    // [n_inside_min, n_inside_max) lie inside every row's band, the others are masked. Windowed calls
+    // run the ragged kernels only (run_flash_fwd), so the even ones carry no window code.
+    int n_block_min = 0, n_block_max = fb.n_block_max, n_inside_min = 0, n_inside_max = 0;
+    Window win;
+    if constexpr (!Is_even) {
+        win = Window(params);
+        const int last_key = win.last_key(m_block * BM + min(rows_left, BM) - 1, causal_off);
+        n_block_max = last_key < 0 ? 0 : min(n_block_max, last_key / BN + 1);
+        n_block_min = max(0, win.first_key(m_block * BM, causal_off)) / BN;
+        const int first_key_of_last_row = win.first_key(m_block * BM + BM - 1, causal_off);
+        const int last_key_of_first_row = win.last_key(m_block * BM, causal_off);
+        n_inside_min = first_key_of_last_row <= 0 ? 0 : cdiv(first_key_of_last_row, BN);
+        n_inside_max = last_key_of_first_row < 0 ? 0 : (last_key_of_first_row + 1) / BN;
+    }
     if (n_block_max <= n_block_min) {
         fb.write_empty(params, BM, D, tid, NT);
         return;
@@ -253,10 +263,8 @@ flash_fwd_kernel(const Flash_fwd_params params) {
         // ---- mask: keys past the end (ragged last tile), if causal future keys, and keys outside
         // the window (tiles across either edge of the band) ----------------------------------------
         const bool need_mask =
-            (!Is_even && (n_block + 1) * BN > seq.sk) ||
-            (Is_causal && (n_block + 1) * BN - 1 > m_block * BM + causal_off) ||
-            n_block * BN < win.first_key(m_block * BM + BM - 1, causal_off) ||
-            (n_block + 1) * BN - 1 > win.last_key(m_block * BM, causal_off);
+            (!Is_even && ((n_block + 1) * BN > seq.sk || n_block < n_inside_min || n_block >= n_inside_max)) ||
+            (Is_causal && (n_block + 1) * BN - 1 > m_block * BM + causal_off);
         if (need_mask) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -267,7 +275,7 @@ flash_fwd_kernel(const Flash_fwd_params params) {
                         const int key = n_block * BN + j * 8 + 2 * t + (e & 1);
                         const int qrow = m_block * BM + warp_row0 + mt * 16 + g + (e >= 2 ? 8 : 0);
                         if (key >= seq.sk || (Is_causal && key > qrow + causal_off) ||
-                            win.masked(key, qrow, causal_off))
+                            (!Is_even && win.masked(key, qrow, causal_off)))
                             acc_s[mt][j][e] = -INFINITY;
                     }
         }

@@ -14,8 +14,9 @@ void run_flash_fwd(Flash_fwd_params &params, cudaStream_t stream) {
     const int num_m_blocks = flash::cdiv(params.seqlen_q, Kt::kBlockM);
     // Query blocks reversed inside the kernel: longest (causal) first. Grid order: grid_order.h.
     const dim3 grid = flash::tile_grid(params, num_m_blocks, /*group=*/1);
+    // A local window runs the ragged kernel, the only one that reads it (flash_fwd_kernel.h).
     const bool is_even = params.cu_seqlens_q == nullptr && params.seqlen_q % Kt::kBlockM == 0 &&
-                         params.seqlen_k % Kt::kBlockN == 0;
+                         params.seqlen_k % Kt::kBlockN == 0 && !has_window(params);
     BOOL_SWITCH(is_even, Is_even, [&] {
         launch_with_smem(&flash::flash_fwd_kernel<Kt, Is_causal, Is_even>, grid, Kt::kNThreads,
                          Kt::kSmemBytes, params, stream);
