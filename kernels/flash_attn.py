@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .reference import check_window  # the one definition of a valid window_size, shared with the model
+
 _SUPPORTED_HDIMS = (64, 96, 128)
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -349,14 +351,11 @@ def _scale(softmax_scale: Optional[float], d: int) -> float:
 
 
 def _window(window_size, name: str) -> tuple[int, int]:
-    """(left, right) as ints >= -1 (-1 = unbounded on that side), or one clear ValueError."""
-    ok = (isinstance(window_size, (tuple, list)) and len(window_size) == 2 and
-          all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size))
-    if not ok:
-        raise ValueError(f"{name}: window_size must be two ints >= -1 (left, right; -1 = unbounded), got "
-                         f"{window_size!r}. Fix: e.g. window_size=(w - 1, 0) with causal=True for a "
-                         "w-token sliding window, or (-1, -1) for none.")
-    return int(window_size[0]), int(window_size[1])
+    """(left, right) as ints >= -1 (-1 = unbounded on that side), or one ValueError naming the function."""
+    try:
+        return check_window(window_size)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
 
 
 def _pad(t: Tensor, d_pad: int) -> Tensor:
