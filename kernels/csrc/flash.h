@@ -44,8 +44,9 @@ struct Flash_fwd_params {
                                // nullptr: one CTA per tile
     // Local (sliding-window) attention, bottom-right aligned like the causal mask: query i sees key j
     // iff i + (sk - sq) - window_left <= j <= i + (sk - sq) + window_right; -1 = unbounded on that
-    // side (both -1: no window). Only the FA2 kernels read them (the dispatch sends windowed calls
-    // there); the binding turns a side at least as long as the sequences into -1.
+    // side (both -1: no window). Only the FA2 kernels compiled for ragged shapes (Is_even = false)
+    // read them: the launch templates send every windowed call there. The binding turns a side at least
+    // as long as the sequences (and, under a causal mask, any right side) into -1.
     int window_left, window_right;
 };
 
