@@ -87,9 +87,12 @@ struct BwdRange {
         return r;
     }
     // Query i sees key j iff j - off - right <= i <= j - off + left (flash.h): the block's first key
-    // bounds the first query, its last key the last one.
+    // bounds the first query, its last key the last one. A causal mask is the right bound 0, folded in
+    // (the windowed masks below then test it once).
+    template <bool Is_causal>
     __device__ void apply_window(const Flash_fwd_params &p, int n_block, int block_m, int block_n) {
         win = Window(p);
+        if (Is_causal) win.right = min(win.right, 0);
         const int first_q = n_block * block_n - causal_off - win.right;
         const int last_q = n_block * block_n + min(keys_left, block_n) - 1 - causal_off + win.left;
         m_min = max(m_min, max(0, first_q) / block_m);
@@ -102,16 +105,16 @@ struct BwdRange {
     // keys, large logits; the infinite dS^T then meets the zero K rows in dQ = dS K as inf * 0 = NaN.
     template <bool Is_causal, bool Is_even>
     __device__ bool need_mask(int m, int n_block, int block_m, int block_n) const {
-        return (Is_causal && n_block * block_n + block_n - 1 > m * block_m + causal_off) ||
-               (!Is_even && (keys_left < block_n ||
-                             n_block * block_n < win.first_key(m * block_m + block_m - 1, causal_off) ||
-                             n_block * block_n + block_n - 1 > win.last_key(m * block_m, causal_off)));
+        if constexpr (Is_even) return Is_causal && n_block * block_n + block_n - 1 > m * block_m + causal_off;
+        return keys_left < block_n || n_block * block_n < win.first_key(m * block_m + block_m - 1, causal_off) ||
+               n_block * block_n + block_n - 1 > win.last_key(m * block_m, causal_off);
     }
     // P^T is 0 at (key, query), both indices in the sequence: a key past its end, a future key, or a
     // key outside the query's window.
     template <bool Is_causal, bool Is_even>
     __device__ bool masked(int key, int q) const {
-        return key >= sk || (Is_causal && key > q + causal_off) || (!Is_even && win.masked(key, q, causal_off));
+        if constexpr (Is_even) return key >= sk || (Is_causal && key > q + causal_off);
+        return key >= sk || win.masked(key, q, causal_off);
     }
     // The deterministic dQ order of key block n_block among the key blocks that visit query block m
     // (0 for the first): those are n_first .. n_block, n_first the first whose last key reaches the

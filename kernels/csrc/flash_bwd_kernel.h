@@ -52,7 +52,7 @@ flash_bwd_kernel(const Flash_bwd_params params) {
     const SeqInfo seq(params, b);
     if (n_block * BN >= seq.sk) return;
     BwdRange range = BwdRange::make<Is_causal>(seq, n_block, BM, BN);
-    if constexpr (!Is_even) range.apply_window(params, n_block, BM, BN);
+    if constexpr (!Is_even) range.apply_window<Is_causal>(params, n_block, BM, BN);
     const int keys_left = range.keys_left;
     const BwdBlockPtrs<T> gp(params, seq, b, h, n_block, BN, D);
     auto load_q_block = [&](int m, int buf) {

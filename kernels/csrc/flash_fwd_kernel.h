@@ -166,11 +166,13 @@ flash_fwd_kernel(const Flash_fwd_params params) {
     float *lse_ptr = fb.lse;
     // Key blocks [n_block_min, n_block_max): those some row of the block sees; under a local window
     // [n_inside_min, n_inside_max) lie inside every row's band, the others are masked. Windowed calls
-    // run the ragged kernels only (run_flash_fwd), so the even ones carry no window code.
+    // run the ragged kernels only (run_flash_fwd), so the even ones carry no window code. A causal mask
+    // is the window's right bound 0, folded in (the mask below then tests it once).
     int n_block_min = 0, n_block_max = fb.n_block_max, n_inside_min = 0, n_inside_max = 0;
     Window win;
     if constexpr (!Is_even) {
         win = Window(params);
+        if (Is_causal) win.right = min(win.right, 0);
         const int last_key = win.last_key(m_block * BM + min(rows_left, BM) - 1, causal_off);
         n_block_max = last_key < 0 ? 0 : min(n_block_max, last_key / BN + 1);
         n_block_min = max(0, win.first_key(m_block * BM, causal_off)) / BN;
@@ -263,8 +265,8 @@ flash_fwd_kernel(const Flash_fwd_params params) {
         // ---- mask: keys past the end (ragged last tile), if causal future keys, and keys outside
         // the window (tiles across either edge of the band) ----------------------------------------
         const bool need_mask =
-            (!Is_even && ((n_block + 1) * BN > seq.sk || n_block < n_inside_min || n_block >= n_inside_max)) ||
-            (Is_causal && (n_block + 1) * BN - 1 > m_block * BM + causal_off);
+            Is_even ? Is_causal && (n_block + 1) * BN - 1 > m_block * BM + causal_off
+                    : (n_block + 1) * BN > seq.sk || n_block < n_inside_min || n_block >= n_inside_max;
         if (need_mask) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -274,8 +276,8 @@ flash_fwd_kernel(const Flash_fwd_params params) {
                     for (int e = 0; e < 4; ++e) {
                         const int key = n_block * BN + j * 8 + 2 * t + (e & 1);
                         const int qrow = m_block * BM + warp_row0 + mt * 16 + g + (e >= 2 ? 8 : 0);
-                        if (key >= seq.sk || (Is_causal && key > qrow + causal_off) ||
-                            (!Is_even && win.masked(key, qrow, causal_off)))
+                        if (key >= seq.sk || (Is_even ? Is_causal && key > qrow + causal_off
+                                                      : win.masked(key, qrow, causal_off)))
                             acc_s[mt][j][e] = -INFINITY;
                     }
         }
