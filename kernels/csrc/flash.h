@@ -44,13 +44,15 @@ struct Flash_fwd_params {
                                // nullptr: one CTA per tile
     // Local (sliding-window) attention, bottom-right aligned like the causal mask: query i sees key j
     // iff i + (sk - sq) - window_left <= j <= i + (sk - sq) + window_right; -1 = unbounded on that
-    // side (both -1: no window). Only the FA2 kernels compiled for ragged shapes (Is_even = false)
-    // read them: the launch templates send every windowed call there. The binding turns a side at least
-    // as long as the sequences (and, under a causal mask, any right side) into -1.
+    // side (both -1: no window). Read by the FA2 kernels compiled for ragged shapes (Is_even = false)
+    // and the Hopper forward's Is_local instantiation (hopper/flash_fwd_sm90_ws.h); the launch
+    // templates send every windowed call there, and every windowed backward to the FA2 kernels. The
+    // binding turns a side at least as long as the sequences (and, under a causal mask, any right
+    // side) into -1.
     int window_left, window_right;
 };
 
-// Whether the call has a local window (then only the FA2 kernels run: the launch templates).
+// Whether the call has a local window (then the windowed kernels run: the launch templates).
 inline bool has_window(const Flash_fwd_params &p) { return p.window_left >= 0 || p.window_right >= 0; }
 
 struct Flash_bwd_params : public Flash_fwd_params {

@@ -31,9 +31,9 @@ using FwdTraits = Flash_fwd_kernel_traits<D, BM, BN, W, T, MINB>;
 
 template <typename T, bool Is_causal>
 void run_mha_fwd_hdim64(Flash_fwd_params &params, cudaStream_t stream) {
-    // The Hopper kernel (hopper/dispatch.h); the FA2 one elsewhere, under a local window, and where a
-    // tensor breaks a TMA rule.
-    if (!has_window(params) && flash::sm90::use(flash::sm90::kFwd, 64, Is_causal, params.seqlen_k) &&
+    // The Hopper kernel (hopper/dispatch.h; also under a local window); the FA2 one elsewhere and where
+    // a tensor breaks a TMA rule.
+    if (flash::sm90::use(flash::sm90::kFwd, 64, Is_causal, params.seqlen_k) &&
         run_flash_fwd_sm90_ws<T, 64, Is_causal>(params, stream))
         return;
     run_flash_fwd<FwdTraits<64, FLASH_FWD_HD64, T>, Is_causal>(params, stream);
@@ -44,9 +44,9 @@ void run_mha_fwd_hdim96(Flash_fwd_params &params, cudaStream_t stream) {
 }
 template <typename T, bool Is_causal>
 void run_mha_fwd_hdim128(Flash_fwd_params &params, cudaStream_t stream) {
-    // The Hopper kernel (hopper/dispatch.h); the FA2 one elsewhere, under a local window, and where a
-    // tensor breaks a TMA rule.
-    if (!has_window(params) && flash::sm90::use(flash::sm90::kFwd, 128, Is_causal, params.seqlen_k) &&
+    // The Hopper kernel (hopper/dispatch.h; also under a local window); the FA2 one elsewhere and where
+    // a tensor breaks a TMA rule.
+    if (flash::sm90::use(flash::sm90::kFwd, 128, Is_causal, params.seqlen_k) &&
         run_flash_fwd_sm90_ws<T, 128, Is_causal>(params, stream))
         return;
     run_flash_fwd<FwdTraits<128, FLASH_FWD_HD128, T>, Is_causal>(params, stream);
