@@ -4,7 +4,9 @@ Against the fp32 reference (kernels.reference, window_mask's semantics) with the
 test_kernels_gpu.py: the kernel's max abs error <= 2 x PyTorch's own error computing the same thing in
 bf16/fp16 + a small eps, for the output and dq, dk, dv; the LSE where the reference's is finite, +inf and
 a zero output where a row sees no key. Uninitialised memory is poisoned with NaN (an element a kernel
-leaves unwritten shows). Windowed calls run the FA2 kernels on every GPU (docs/kernels.md, dispatch).
+leaves unwritten shows). On sm_90 a windowed forward at head dims 64 / 128 runs the Hopper (TMA) kernel
+and every windowed backward the FA2 one (docs/kernels.md, dispatch); the correctness tests run on the
+default path and, on Hopper, on the FA2 path as well (the `path` fixture).
 """
 from __future__ import annotations
 
@@ -22,7 +24,12 @@ if not torch.cuda.is_available():
 import kernels  # noqa: E402
 from kernels import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func  # noqa: E402
 from kernels.reference import attention_ref, attention_varlen_ref  # noqa: E402
-from gpu_util import poison_uninitialised_memory  # noqa: E402
+from gpu_util import (backward_path_fixture, is_hopper, kernel_families, kernel_path,  # noqa: E402
+                      launched_kernels, poison_uninitialised_memory)
+
+# The kernel paths the correctness tests run on: the default (on sm_90 the Hopper forward) and, on
+# Hopper only, FA2 in both passes.
+path = backward_path_fixture(("default", "fa2"))
 
 DTYPES = [torch.bfloat16, torch.float16]
 HDIMS = [64, 96, 128]
@@ -99,22 +106,34 @@ SHAPES = [(1, 2, 2, 1000, 1037), (2, 2, 2, 1037, 1000), (1, 2, 2, 512, 512)]
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_window_dense(shape, dtype, d, window, causal):
+def test_window_dense(shape, dtype, d, window, causal, path):
     run_dense(*shape, d, dtype, causal, window)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("window", [(0, 0), (127, 0), (-1, 64), (40, 3)], ids=str)
-def test_window_rows_that_see_no_key(window, causal):
+@pytest.mark.parametrize("d", [64, 128])
+def test_window_rows_that_see_no_key(d, window, causal, path):
     """seqlen_q > seqlen_k: the bands of the first rows lie left of key 0 (offset sk - sq = -550), so those
     rows see no key: output 0, LSE +inf."""
-    run_dense(2, 2, 2, 700, 150, 64, torch.bfloat16, causal, window)
+    run_dense(2, 2, 2, 700, 150, d, torch.bfloat16, causal, window)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [(0, 0), (127, 0), (300, 5), (-1, 64)], ids=str)
+@pytest.mark.parametrize("d", [64, 128])
+def test_window_many_tiles_per_cta(d, window, causal, path):
+    """More query tiles than an H100 has SMs (3 x 16 heads x 9 / 6 blocks), seqlen_q > seqlen_k and the
+    reverse in turn: the persistent Hopper forward walks several tiles per CTA, some with no key at all
+    (empty blocks between full ones), its K/V ring and Q buffers running on from tile to tile."""
+    run_dense(3, 16, 16, 1100, 700, d, torch.bfloat16, causal, window)
+    run_dense(3, 16, 4, 1037, 2100, d, torch.bfloat16, causal, window)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("window", WINDOWS, ids=str)
 @pytest.mark.parametrize("d", [64, 128])
-def test_window_gqa(d, window, causal):
+def test_window_gqa(d, window, causal, path):
     run_dense(2, 8, 2, 700, 900, d, torch.bfloat16, causal, window)
 
 
@@ -126,7 +145,7 @@ def _cu(lens):
 @pytest.mark.parametrize("window", WINDOWS, ids=str)
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_window_varlen(dtype, d, window, causal):
+def test_window_varlen(dtype, d, window, causal, path):
     """Uneven documents (1 to 1000 tokens, seqlen_q != seqlen_k in some), GQA 4:2: the window applies
     inside each document."""
     torch.manual_seed(next(_seed))
@@ -161,6 +180,28 @@ def test_window_deterministic_backward(d, window):
         out = flash_attn_func(q, k, v, deterministic=True, window_size=window)
         for a, b_ in zip(g1, _grads(out, (q, k, v), dout)):
             assert torch.equal(a, b_)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 96, 128])
+def test_window_kernel_families(d, causal):
+    """Which kernels a windowed call launches: on sm_90 the Hopper forward at head dims 64 / 128 and the
+    FA2 backward (the Hopper backward reads no window), also where the table asks for the Hopper backward;
+    FA2 throughout at head dim 96, on the FA2 path and off Hopper."""
+    torch.manual_seed(next(_seed))
+    q, k, v = (torch.randn(2, 300, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+
+    def step():
+        out = flash_attn_func(q, k, v, causal=causal, window_size=(63, 0 if causal else 17))
+        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+
+    hopper_fwd = is_hopper() and d != 96
+    for name in ("default", "hopper", "fa2") if is_hopper() else ("default",):
+        with kernel_path(name):
+            found = kernel_families(launched_kernels(step))
+        fwd = "hopper_fwd" if hopper_fwd and name != "fa2" else "fa2_fwd"
+        assert found == {fwd, "fa2_bwd"}, f"path {name}: launched {sorted(found)}"
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -231,10 +272,9 @@ def _ms(fn, reps=5):
 
 def test_window_work_scales_with_the_window():
     """A 256-token causal window over 16k tokens visits ~1/32 of the causal key tiles: forward and
-    forward + backward each take well under a quarter of the dense causal time (the FA2 kernels in both,
-    to compare like with like; a kernel that masked instead of skipping tiles would take about as long)."""
-    from gpu_util import kernel_path
-
+    forward + backward each take well under a quarter of the dense causal time (each path's kernels in
+    both, to compare like with like; a kernel that masked instead of skipping tiles would take about as
+    long). On Hopper also the default path, whose forward is the Hopper kernel."""
     torch.manual_seed(next(_seed))
     q, k, v = (torch.randn(1, 16384, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
@@ -246,7 +286,9 @@ def test_window_work_scales_with_the_window():
     def fwd_bwd(window):
         return lambda: torch.autograd.grad(flash_attn_func(q, k, v, causal=True, window_size=window), (q, k, v), dout)
 
-    with kernel_path("fa2"):
-        for make in (fwd, fwd_bwd):
-            dense, local = _ms(make((-1, -1))), _ms(make((255, 0)))
-            assert local < 0.25 * dense, f"{make.__name__}: windowed {local:.2f} ms vs dense {dense:.2f} ms"
+    for name in ("fa2", "default") if is_hopper() else ("fa2",):
+        with kernel_path(name):
+            for make in (fwd, fwd_bwd):
+                dense, local = _ms(make((-1, -1))), _ms(make((255, 0)))
+                assert local < 0.25 * dense, \
+                    f"path {name}, {make.__name__}: windowed {local:.2f} ms vs dense {dense:.2f} ms"
