@@ -45,10 +45,9 @@ struct Flash_fwd_params {
     // Local (sliding-window) attention, bottom-right aligned like the causal mask: query i sees key j
     // iff i + (sk - sq) - window_left <= j <= i + (sk - sq) + window_right; -1 = unbounded on that
     // side (both -1: no window). Read by the FA2 kernels compiled for ragged shapes (Is_even = false)
-    // and the Hopper forward's Is_local instantiation (hopper/flash_fwd_sm90_ws.h); the launch
-    // templates send every windowed call there, and every windowed backward to the FA2 kernels. The
-    // binding turns a side at least as long as the sequences (and, under a causal mask, any right
-    // side) into -1.
+    // and the Hopper kernels' Is_local instantiations (hopper/flash_fwd_sm90_ws.h,
+    // hopper/flash_bwd_sm90_ws.h); the launch templates send every windowed call there. The binding
+    // turns a side at least as long as the sequences (and, under a causal mask, any right side) into -1.
     int window_left, window_right;
 };
 

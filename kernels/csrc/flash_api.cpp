@@ -211,9 +211,7 @@ std::vector<at::Tensor> mha_bwd_into(at::Tensor dout, at::Tensor q, at::Tensor k
     // fp32 dQ accumulator, zeroed by the pre-pass: row-major like q, or (the Hopper TMA backward)
     // whole query-block tiles (hopper/dq_tiles.h), which round each sequence up to a block.
     const int64_t row_floats = q.numel();
-    // (A windowed call runs an FA2 backward, which accumulates row-major.)
-    const int64_t tiled_floats = flash::dq_tiles::supported(int(d)) && !has_window(params)
-                                     ? flash::dq_tiles::floats_needed(params) : 0;
+    const int64_t tiled_floats = flash::dq_tiles::supported(int(d)) ? flash::dq_tiles::floats_needed(params) : 0;
     // At most twice the row-major size (packed batches of many very short sequences: see dq_tiles.h).
     params.dq_accum_floats = tiled_floats <= 2 * row_floats ? std::max(row_floats, tiled_floats) : row_floats;
     params.dq_accum_tiled = false;

@@ -54,9 +54,9 @@ using BwdTraits = Flash_bwd_kernel_traits<D, BM, BN, W, T, MINB, UNROLL, DQM>;
 
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim64(Flash_bwd_params &params, cudaStream_t stream) {
-    // The Hopper kernel (hopper/dispatch.h); the FA2 one elsewhere, under a local window, and where a
-    // tensor breaks a TMA rule.
-    if (!has_window(params) && flash::sm90::use(flash::sm90::kBwd, 64, Is_causal, params.seqlen_k) &&
+    // The Hopper kernel (hopper/dispatch.h; also under a local window); the FA2 one elsewhere and where
+    // a tensor breaks a TMA rule.
+    if (flash::sm90::use(flash::sm90::kBwd, 64, Is_causal, params.seqlen_k) &&
         run_flash_bwd_sm90_ws<T, 64, Is_causal>(params, stream))
         return;
     run_flash_bwd<BwdTraits<64, FLASH_BWD_HD64, T>, Is_causal>(params, stream);
@@ -72,9 +72,9 @@ void run_mha_bwd_hdim96(Flash_bwd_params &params, cudaStream_t stream) {
 }
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim128(Flash_bwd_params &params, cudaStream_t stream) {
-    // The Hopper kernel (hopper/dispatch.h); the FA2 one elsewhere, under a local window, and where a
-    // tensor breaks a TMA rule.
-    if (!has_window(params) && flash::sm90::use(flash::sm90::kBwd, 128, Is_causal, params.seqlen_k) &&
+    // The Hopper kernel (hopper/dispatch.h; also under a local window); the FA2 one elsewhere and where
+    // a tensor breaks a TMA rule.
+    if (flash::sm90::use(flash::sm90::kBwd, 128, Is_causal, params.seqlen_k) &&
         run_flash_bwd_sm90_ws<T, 128, Is_causal>(params, stream))
         return;
     run_flash_bwd_2d<Bwd2dTraits<128, FLASH_BWD2D_HD128, T>, BwdTraits<128, FLASH_BWD_HD128, T>, Is_causal>(

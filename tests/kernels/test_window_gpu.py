@@ -4,9 +4,10 @@ Against the fp32 reference (kernels.reference, window_mask's semantics) with the
 test_kernels_gpu.py: the kernel's max abs error <= 2 x PyTorch's own error computing the same thing in
 bf16/fp16 + a small eps, for the output and dq, dk, dv; the LSE where the reference's is finite, +inf and
 a zero output where a row sees no key. Uninitialised memory is poisoned with NaN (an element a kernel
-leaves unwritten shows). On sm_90 a windowed forward at head dims 64 / 128 runs the Hopper (TMA) kernel
-and every windowed backward the FA2 one (docs/kernels.md, dispatch); the correctness tests run on the
-default path and, on Hopper, on the FA2 path as well (the `path` fixture).
+leaves unwritten shows). On sm_90 windowed calls at head dims 64 / 128 run the Hopper (TMA) kernels as
+unwindowed ones do (docs/kernels.md, dispatch); the correctness tests run on the default path and, on
+Hopper, also on FA2 in both passes, on the Hopper forward with the FA2 backward, and on the Hopper
+backward taking turns (the `path` fixture).
 """
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ from kernels.reference import attention_ref, attention_varlen_ref  # noqa: E402
 from gpu_util import (backward_path_fixture, is_hopper, kernel_families, kernel_path,  # noqa: E402
                       launched_kernels, poison_uninitialised_memory)
 
-# The kernel paths the correctness tests run on: the default (on sm_90 the Hopper forward) and, on
-# Hopper only, FA2 in both passes.
-path = backward_path_fixture(("default", "fa2"))
+# The kernel paths the correctness tests run on: the default (on sm_90 the Hopper kernels, the backward in
+# lock-step below 1024 queries, in turns from there) and, on Hopper only, FA2 in both passes, the FA2
+# backward after the Hopper forward (its out / LSE), and the Hopper backward in turns at every length.
+path = backward_path_fixture(("default", "fa2", "fa2_bwd", "turns"))
 
 DTYPES = [torch.bfloat16, torch.float16]
 HDIMS = [64, 96, 128]
@@ -170,24 +172,29 @@ def test_window_varlen(dtype, d, window, causal, path):
         _check(n, a, r, p, EPS_GRAD)
 
 
+@pytest.mark.parametrize("name", ["default", "lockstep", "fa2"])
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("window", [(0, 0), (127, 0), (256, 256), (-1, 64), (512, -1)], ids=str)
 @pytest.mark.parametrize("d", HDIMS)
-def test_window_deterministic_backward(d, window):
+def test_window_deterministic_backward(d, window, causal, name):
     """The deterministic backward orders each query block's dQ additions over only the key blocks that
-    visit it (BwdRange::dq_order): it must neither hang nor vary."""
-    q, k, v, dout, _, g1 = run_dense(2, 4, 2, 1300, 1400, d, torch.bfloat16, False, window, deterministic=True)
-    for _ in range(2):
-        out = flash_attn_func(q, k, v, deterministic=True, window_size=window)
-        for a, b_ in zip(g1, _grads(out, (q, k, v), dout)):
-            assert torch.equal(a, b_)
+    visit it (BwdRange::dq_order, in the FA2 and the Hopper backward): it must neither hang nor vary.
+    Paths: the default (Hopper: in turns at 1300 queries), lock-step and FA2 (the last two on Hopper only)."""
+    if name != "default" and not is_hopper():
+        pytest.skip("one kernel family off Hopper")
+    with kernel_path(name):
+        q, k, v, dout, _, g1 = run_dense(2, 4, 2, 1300, 1400, d, torch.bfloat16, causal, window, deterministic=True)
+        for _ in range(2):
+            out = flash_attn_func(q, k, v, causal=causal, deterministic=True, window_size=window)
+            for a, b_ in zip(g1, _grads(out, (q, k, v), dout)):
+                assert torch.equal(a, b_)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 96, 128])
 def test_window_kernel_families(d, causal):
-    """Which kernels a windowed call launches: on sm_90 the Hopper forward at head dims 64 / 128 and the
-    FA2 backward (the Hopper backward reads no window), also where the table asks for the Hopper backward;
-    FA2 throughout at head dim 96, on the FA2 path and off Hopper."""
+    """Which kernels a windowed call launches: on sm_90 at head dims 64 / 128 those of the path (300
+    queries: the default backward in lock-step); FA2 throughout at head dim 96 and off Hopper."""
     torch.manual_seed(next(_seed))
     q, k, v = (torch.randn(2, 300, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
@@ -196,12 +203,14 @@ def test_window_kernel_families(d, causal):
         out = flash_attn_func(q, k, v, causal=causal, window_size=(63, 0 if causal else 17))
         torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
 
-    hopper_fwd = is_hopper() and d != 96
-    for name in ("default", "hopper", "fa2") if is_hopper() else ("default",):
+    expected = {"default": {"hopper_fwd", "hopper_bwd_lockstep"}, "hopper": {"hopper_fwd", "hopper_bwd_lockstep"},
+                "turns": {"hopper_fwd", "hopper_bwd_turns"}, "fa2_bwd": {"hopper_fwd", "fa2_bwd"},
+                "fa2": {"fa2_fwd", "fa2_bwd"}}
+    for name in expected if is_hopper() else ("default",):
         with kernel_path(name):
             found = kernel_families(launched_kernels(step))
-        fwd = "hopper_fwd" if hopper_fwd and name != "fa2" else "fa2_fwd"
-        assert found == {fwd, "fa2_bwd"}, f"path {name}: launched {sorted(found)}"
+        want = expected[name] if is_hopper() and d != 96 else {"fa2_fwd", "fa2_bwd"}
+        assert found == want, f"path {name}: launched {sorted(found)}"
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -274,7 +283,7 @@ def test_window_work_scales_with_the_window():
     """A 256-token causal window over 16k tokens visits ~1/32 of the causal key tiles: forward and
     forward + backward each take well under a quarter of the dense causal time (each path's kernels in
     both, to compare like with like; a kernel that masked instead of skipping tiles would take about as
-    long). On Hopper also the default path, whose forward is the Hopper kernel."""
+    long). On Hopper also the default path (the Hopper kernels)."""
     torch.manual_seed(next(_seed))
     q, k, v = (torch.randn(1, 16384, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
