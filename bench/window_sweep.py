@@ -7,8 +7,8 @@ candidates interleaved).
     python bench/window_sweep.py                           # windows 1k, 4k at 8k, 16k, 32k
     python bench/window_sweep.py --windows 1024 --seqlens 16384 --no-sdpa
 
-On sm_90 "dense" runs the Hopper TMA kernels and "window" the FA2 ones (docs/kernels.md, dispatch), so the
-per-pair rates compare two kernel families. TFLOP/s count only the query-key pairs each call must compute (the band for a window, the causal
+On sm_90 both "dense" and "window" run the Hopper TMA kernels at head dims 64 / 128 (docs/kernels.md,
+dispatch). TFLOP/s count only the query-key pairs each call must compute (the band for a window, the causal
 triangle for dense), so a kernel that skips the tiles outside the band keeps its rate while its time
 falls with the window.
 """

@@ -71,8 +71,9 @@ __device__ __forceinline__ void load_q_block(const Flash_bwd_params &p, const Bw
 
 // Query blocks a key block visits, and its keys: causal (bottom-right aligned) starts at the first
 // query block that can see the block's first key; a local window (apply_window: the FA2 kernels with
-// Is_even = false, which every windowed call runs, so the even ones carry no window code) narrows the
-// range to the query blocks whose band reaches the block's keys.
+// Is_even = false and the Hopper backward's Is_local instantiations, which every windowed call runs, so
+// the other kernels carry no window code) narrows the range to the query blocks whose band reaches the
+// block's keys.
 struct BwdRange {
     int keys_left, causal_off, m_min, m_max, sk;
     Window win;  // unbounded unless apply_window
