@@ -26,7 +26,7 @@ import kernels  # noqa: E402
 from kernels import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func  # noqa: E402
 from kernels.reference import attention_ref, attention_varlen_ref  # noqa: E402
 from gpu_util import (backward_path_fixture, is_hopper, kernel_families, kernel_path,  # noqa: E402
-                      launched_kernels, poison_uninitialised_memory)
+                      launched_kernels, poison_uninitialised_memory, skip_same_kernel)
 
 # The kernel paths the correctness tests run on: the default (on sm_90 the Hopper kernels, the backward in
 # lock-step below 1024 queries, in turns from there) and, on Hopper only, FA2 in both passes, the FA2
@@ -109,6 +109,7 @@ SHAPES = [(1, 2, 2, 1000, 1037), (2, 2, 2, 1037, 1000), (1, 2, 2, 512, 512)]
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_window_dense(shape, dtype, d, window, causal, path):
+    skip_same_kernel(d, path)
     run_dense(*shape, d, dtype, causal, window)
 
 
@@ -150,6 +151,7 @@ def _cu(lens):
 def test_window_varlen(dtype, d, window, causal, path):
     """Uneven documents (1 to 1000 tokens, seqlen_q != seqlen_k in some), GQA 4:2: the window applies
     inside each document."""
+    skip_same_kernel(d, path)
     torch.manual_seed(next(_seed))
     lens_q, lens_k = [1, 17, 129, 300, 64, 1000], [5, 17, 100, 300, 200, 1000]
     cu_q, cu_k = _cu(lens_q), _cu(lens_k)
