@@ -9,10 +9,12 @@ beside the paper's A100 figures and a PNG bar chart.
     python bench/paper_table.py --table-only                               # table and chart of the file
 
 Columns (model.attention): math = "without FlashAttention" (scores materialised, fp32 softmax; a run
-that runs out of memory is retried with model.recompute_attention=true, marked * in the table, and is
-OOM if that fails too; where the s x s probabilities kept for the backward and the fp32 weights, gradients
-and AdamW moments alone exceed the GPU's memory the first try is skipped), sdpa_flash = PyTorch SDPA's FlashAttention-2 backend, sdpa_cudnn = SDPA's
-cuDNN backend (a column the paper could not have), flash = ours. Rows: GPT3-1.3B / 2.7B
+that runs out of memory is retried with model.recompute_attention=true, marked * in the table, then at
+half the micro-batch and less (the same sequences per step through more accumulation, marked mbN), and
+is OOM if all fail; where the s x s probabilities kept for the backward and the fp32 weights, gradients
+and AdamW moments alone exceed the GPU's memory the first try is skipped), sdpa_flash = PyTorch SDPA's
+FlashAttention-2 backend, sdpa_cudnn = SDPA's cuDNN backend (a column the paper could not have), flash =
+ours. Rows: GPT3-1.3B / 2.7B
 (configs/gpt_1.3b_8k.yaml, gpt_2.7b_8k.yaml) at 2k and 8k tokens; at 2k the micro-batch holds as many
 tokens as the config's at 8k. Every run: the config's model and training settings, `--accum`
 micro-batches per optimizer step per GPU, `--steps` steps, no evaluation or checkpoints; its figure is
@@ -134,20 +136,32 @@ class Cell:
         self.global_batch = self.micro * args.accum * args.nproc
         self.name = f"{model}-{seq_label(seq)}-{attention}-{args.nproc}gpu"
 
-    def run_name(self, recompute: bool) -> str:
-        return self.name + ("-recompute" if recompute else "")
+    def run_name(self, recompute: bool, micro: int) -> str:
+        return self.name + ("-recompute" if recompute else "") + ("" if micro == self.micro else f"-mb{micro}")
+
+    def tries(self) -> List[tuple]:
+        """(recompute_attention, micro-batch) in order: math plain, then recomputed, then recomputed at
+        half the micro-batch and less (the same sequences per step through more accumulation) while the
+        global batch divides; every other column once, as configured."""
+        if self.attention != "math":
+            return [(False, self.micro)]
+        out, m = [(False, self.micro), (True, self.micro)], self.micro // 2
+        while m >= 1 and self.global_batch % (m * self.nproc) == 0:
+            out.append((True, m))
+            m //= 2
+        return out
 
     def key(self) -> tuple:
         return self.model, self.seq, self.attention, self.nproc, self.gpu
 
-    def command(self, recompute: bool) -> List[str]:
+    def command(self, recompute: bool, micro: int) -> List[str]:
         a = self.args
         tags = [self.model, seq_label(self.seq), self.attention, f"{self.nproc}gpu", self.gpu.replace(" ", "_")]
         overrides = [
             f"model.seq_len={self.seq}", f"model.attention={self.attention}",
             f"model.recompute_attention={str(recompute).lower()}",
-            f"train.micro_batch_size={self.micro}", f"train.global_batch_size={self.global_batch}",
-            f"train.max_steps={a.steps}", f"train.run_name={self.run_name(recompute)}",
+            f"train.micro_batch_size={micro}", f"train.global_batch_size={self.global_batch}",
+            f"train.max_steps={a.steps}", f"train.run_name={self.run_name(recompute, micro)}",
             f"train.out_dir={a.out_dir}", "train.resume=none", "train.overwrite=true",
             "train.eval_interval=0", "train.ckpt_interval=0", "train.save_final=false",
             f"logging.wandb={a.wandb}", f"logging.project={a.project}", f"logging.group={a.group}",
@@ -160,10 +174,11 @@ class Cell:
 
     def run(self) -> dict:
         rec = {"model": self.model, "seq": self.seq, "attention": self.attention, "nproc": self.nproc,
-               "gpu": self.gpu, "micro_batch": self.micro, "global_batch": self.global_batch,
+               "gpu": self.gpu, "micro_batch": self.micro, "config_micro_batch": self.micro,
+               "global_batch": self.global_batch,
                "steps": self.args.steps, "warmup": self.args.warmup,
                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-        tries = [False, True] if self.attention == "math" else [False]
+        tries = self.tries()
         memory = gpu_memory_gb()
         if self.attention == "math" and memory is not None and self.scores_gb + self.state_gb > memory:
             # the probabilities and the optimizer state alone exceed the GPU: straight to the recomputed
@@ -171,11 +186,11 @@ class Cell:
             print(f"[{self.name}] the s x s scores ({self.scores_gb:.0f} GB) and the weights, gradients and "
                   f"AdamW moments ({self.state_gb:.0f} GB) exceed {memory:.0f} GB: model.recompute_attention=true",
                   flush=True)
-            tries = [True]
+            tries = tries[1:]
             rec.update(scores_gb=round(self.scores_gb, 1), state_gb=round(self.state_gb, 1))
-        for recompute in tries:
-            cmd = self.command(recompute)
-            run_dir = Path(self.args.out_dir) / self.run_name(recompute)
+        for recompute, micro in tries:
+            cmd = self.command(recompute, micro)
+            run_dir = Path(self.args.out_dir) / self.run_name(recompute, micro)
             log = Path(self.args.out_dir) / f"{run_dir.name}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             print(f"[{self.name}] {' '.join(cmd[3:])}", flush=True)
@@ -183,7 +198,8 @@ class Cell:
                 code = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
                                       timeout=self.args.run_timeout).returncode
             text = log.read_text(errors="replace")
-            rec.update(recompute=recompute, run_dir=str(run_dir), log=str(log), command=" ".join(cmd[1:]))
+            rec.update(recompute=recompute, micro_batch=micro, run_dir=str(run_dir), log=str(log),
+                       command=" ".join(cmd[1:]))
             if code == 0:  # the run's own medians after the warm-up (logging.summary_warmup_steps)
                 s = json.loads((run_dir / "summary.json").read_text())
                 rec.update(status="ok", tflops_paper=s["steady/tflops_paper"], tflops_causal=s["steady/tflops_causal"],
@@ -206,7 +222,8 @@ def _cell_text(rec: Optional[dict]) -> str:
         return "OOM"
     mfu = f" ({100 * rec['mfu_paper']:.0f}%)" if rec.get("mfu_paper") else ""
     tflops = rec["tflops_paper"]
-    return (f"{tflops:.0f}" if tflops >= 10 else f"{tflops:.2g}") + mfu + ("*" if rec.get("recompute") else "")
+    micro = f" mb{rec['micro_batch']}" if rec.get("micro_batch", 0) < rec.get("config_micro_batch", 0) else ""
+    return (f"{tflops:.0f}" if tflops >= 10 else f"{tflops:.2g}") + mfu + ("*" if rec.get("recompute") else "") + micro
 
 
 def _ratio(a: Optional[dict], b: Optional[dict]) -> str:
@@ -222,7 +239,8 @@ def markdown(results: List[dict], nproc: int, gpu: str, columns: List[str]) -> s
     if not rows:
         return f"(no cells for {nproc} GPU(s) of {gpu} in the results file)"
     head = " | ".join(COLUMNS.get(c, c) for c in columns)
-    lines = [f"Model TFLOP/s per GPU (MFU), {nproc} x {gpu}; * = with activation checkpointing of the attention",
+    lines = [f"Model TFLOP/s per GPU (MFU), {nproc} x {gpu}; * = with activation checkpointing of the "
+             "attention; mbN = at micro-batch N (the same sequences per step, more accumulation)",
              "", f"| model | {head} | ours / without | ours / PyTorch FA2 | paper A100: without / FA / FA2 "
                  f"| paper FA2 / without | paper FA2 / FA |",
              "|---|" + "---|" * len(columns) + "---|---|---|---|---|"]

@@ -2,7 +2,9 @@
 
     python bench/summarize_runs.py --warmup 3 runs/a runs/b ...
 Per run: GPUs, median tokens/s per GPU, model TFLOP/s per GPU (paper and causal), MFU, peak memory
-(max over steps of the allocator's peak), and the losses of every step (to compare runs).
+(max over steps of the allocator's peak), and the losses of every step (to compare runs). A step run
+under the profiler (train.profile_step) is left out of the medians (the profiler slows it); its shares
+of GPU kernel time (attention / matmul / communication / other) get a column.
 """
 import argparse
 import json
@@ -14,13 +16,19 @@ from pathlib import Path
 def summarize(run_dir: Path, warmup: int) -> dict:
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in recs if "loss" in r]
-    timed = [r for r in train if r["step"] > warmup and r.get("tokens_per_s_per_gpu")]
+    profiled = next((r for r in train if "time_share_attention" in r), None)
+    timed = [r for r in train if r["step"] > warmup and r.get("tokens_per_s_per_gpu") and r is not profiled]
     med = lambda key: statistics.median(r[key] for r in timed) if timed else float("nan")  # noqa: E731
     cfg = (run_dir / "config.yaml").read_text() if (run_dir / "config.yaml").exists() else ""
     return {"run": run_dir.name, "tok_gpu": med("tokens_per_s_per_gpu"), "tflops": med("tflops_paper"),
             "tflops_c": med("tflops_causal"), "mfu": med("mfu_paper") if timed and timed[0].get("mfu_paper") else None,
             "mem": max((r.get("mem_max_alloc_gb") or 0) for r in train) if train else 0,
-            "losses": [round(r["loss"], 4) for r in train], "config": cfg}
+            "losses": [round(r["loss"], 4) for r in train], "config": cfg,
+            "shares": None if profiled is None else " / ".join(
+                f"{100 * profiled.get('time_share_' + k, 0.0):.0f}%" for k in SHARES)}
+
+
+SHARES = ("attention", "matmul", "communication", "other")
 
 
 def main(argv=None) -> int:
@@ -33,14 +41,18 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     base = summarize(Path(args.baseline), args.warmup)["tok_gpu"] if args.baseline else None
     extra = f" per GPU vs {Path(args.baseline).name} |" if base else ""
-    print("| run | tokens/s per GPU | TFLOP/s per GPU (paper) | (causal) | MFU | peak mem GB |" + extra + " losses |")
-    print("|---|---|---|---|---|---|" + ("---|" if base else "") + "---|")
-    for d in args.runs:
-        s = summarize(Path(d), args.warmup)
+    rows = [summarize(Path(d), args.warmup) for d in args.runs]
+    shares = any(s["shares"] for s in rows)
+    head = " GPU time: " + " / ".join(SHARES) + " (profiled step) |" if shares else ""
+    print("| run | tokens/s per GPU | TFLOP/s per GPU (paper) | (causal) | MFU | peak mem GB |" + extra + head
+          + " losses |")
+    print("|---|---|---|---|---|---|" + ("---|" if base else "") + ("---|" if shares else "") + "---|")
+    for s in rows:
         mfu = "n/a" if s["mfu"] is None else f"{100 * s['mfu']:.1f}%"
         ratio = f" {s['tok_gpu'] / base:.3f} |" if base else ""
+        share = f" {s['shares'] or '-'} |" if shares else ""
         print(f"| {s['run']} | {s['tok_gpu'] / 1e3:.1f}k | {s['tflops']:.0f} | {s['tflops_c']:.0f} | {mfu} | "
-              f"{s['mem']:.1f} |{ratio} {' '.join(map(str, s['losses']))} |")
+              f"{s['mem']:.1f} |{ratio}{share} {' '.join(map(str, s['losses']))} |")
     return 0
 
 

@@ -148,9 +148,25 @@ def test_math_whose_scores_exceed_the_gpu_recomputes_at_once(tmp_path, monkeypat
     assert paper_table.score_matrices_gb(24, 16, 2, 8192) == pytest.approx(103.08, abs=0.01)
     rec, tries = _cell(tmp_path, monkeypatch, "math", 8192, 80.0)
     assert tries == ["model.recompute_attention=true"] and rec["recompute"] and rec["scores_gb"] == 103.1
-    rec, tries = _cell(tmp_path, monkeypatch, "math", 2048, 80.0,
-                       oom=["1.3b-2k-math-1gpu", "1.3b-2k-math-1gpu-recompute"])
-    assert rec["status"] == "oom" and len(tries) == 2
+    names = ["1.3b-2k-math-1gpu", "1.3b-2k-math-1gpu-recompute"] + [f"1.3b-2k-math-1gpu-recompute-mb{m}"
+                                                                    for m in (4, 2, 1)]
+    rec, tries = _cell(tmp_path, monkeypatch, "math", 2048, 80.0, oom=names)
+    assert rec["status"] == "oom" and len(tries) == 5 and paper_table._cell_text(rec) == "OOM"
+
+
+def test_math_recomputed_out_of_memory_halves_the_micro_batch(tmp_path, monkeypatch):
+    """8k, micro-batch 2: recomputed still out of memory, then micro-batch 1 with the same 4 sequences per
+    step (4 micro-batches accumulated): the cell, marked * and mb1."""
+    fake = FakeTrain(oom=["1.3b-8k-math-1gpu-recompute"])
+    monkeypatch.setattr(paper_table.subprocess, "run", fake)
+    monkeypatch.setattr(paper_table, "gpu_memory_gb", lambda: 80.0)
+    args = paper_table.parse_args(["--out-dir", str(tmp_path), "--steps", "4", "--warmup", "2"])
+    rec = paper_table.Cell(args, "1.3b", 8192, "math", "NVIDIA H100 80GB HBM3").run()
+    micro = [next(a for a in c if a.startswith("train.micro_batch_size=")) for c in fake.commands]
+    glob = {next(a for a in c if a.startswith("train.global_batch_size=")) for c in fake.commands}
+    assert micro == ["train.micro_batch_size=2", "train.micro_batch_size=1"] and glob == {"train.global_batch_size=4"}
+    assert rec["status"] == "ok" and rec["micro_batch"] == 1 and rec["config_micro_batch"] == 2
+    assert paper_table._cell_text(rec).endswith("* mb1") and rec["run_dir"].endswith("-recompute-mb1")
 
 
 def test_math_whose_scores_and_optimizer_state_exceed_the_gpu_recomputes_at_once(tmp_path, monkeypatch):

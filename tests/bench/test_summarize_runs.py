@@ -6,10 +6,13 @@ from pathlib import Path
 import summarize_runs  # bench/ (tests/bench/conftest.py puts it on the path)
 
 
-def fake_run(folder: Path, tok_per_gpu):
+def fake_run(folder: Path, tok_per_gpu, profiled_step=None):
     folder.mkdir(parents=True)
+    shares = {"time_share_attention": 0.3, "time_share_matmul": 0.5, "time_share_communication": 0.15,
+              "time_share_other": 0.05}
     lines = [json.dumps({"step": i + 1, "loss": 10.0 - i, "tokens_per_s_per_gpu": t, "tflops_paper": t / 100,
-                         "tflops_causal": t / 200, "mfu_paper": 0.5, "mem_max_alloc_gb": 1.0 + i})
+                         "tflops_causal": t / 200, "mfu_paper": 0.5, "mem_max_alloc_gb": 1.0 + i,
+                         **(shares if i + 1 == profiled_step else {})})
              for i, t in enumerate(tok_per_gpu)]
     (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
 
@@ -24,3 +27,14 @@ def test_baseline_column_is_the_per_gpu_ratio(tmp_path, capsys):
     n1, n8 = [r for r in out.splitlines() if r.startswith("| n")]
     assert "| 1.000 |" in n1 and "| 0.920 |" in n8  # median of 900/950/920 over 1000; warm-up ignored
     assert "| 6.0 |" in n8  # peak memory: max over all steps
+
+
+def test_the_profiled_step_is_left_out_and_its_shares_shown(tmp_path, capsys):
+    fake_run(tmp_path / "cp", [1.0, 1.0, 1.0, 1000.0, 1000.0, 10.0], profiled_step=6)  # the profiler: slow
+    fake_run(tmp_path / "plain", [1.0, 1.0, 1.0, 1000.0, 1000.0, 1000.0])
+    assert summarize_runs.main(["--warmup", "3", str(tmp_path / "cp"), str(tmp_path / "plain")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "attention / matmul / communication / other" in lines[0]
+    cp, plain = [r for r in lines if r.startswith("| cp") or r.startswith("| plain")]
+    assert "| 1.0k |" in cp  # median of 1000, 1000: step 6 (profiled) left out
+    assert "| 30% / 50% / 15% / 5% |" in cp and "| - |" in plain

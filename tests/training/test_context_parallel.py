@@ -3,6 +3,7 @@ the loss curve of C=1 on one process with the same global batch (learned positio
 packed with data.doc_boundaries; DDP, our after_backward sum, FSDP2, DeepSpeed ZeRO-3), resumes
 bit for bit at C=2 and continues the curve at C=1 (on 1 rank, and on 2 data-parallel ranks); each
 configuration it cannot run is one line, exit 2."""
+import json
 import shutil
 import subprocess
 
@@ -72,6 +73,18 @@ def test_context_parallel_under_other_engines(curves, engine):
     training/engines/deepspeed_config.py): the C=1 curve."""
     one = curves("c1_learned", 1)[0]
     close(curves("c2_" + "_".join(engine), 2, *engine, *CP2)[0], one)
+
+
+def test_a_profiled_step_reports_the_all_to_alls(tmp_path, cache_dir):
+    """train.profile_step under C=2: the step's communication share (gloo's c10d operators on CPU, NCCL
+    kernels on GPUs: the all-to-alls and the gradient sum) is logged, and the all-to-alls are in its top list."""
+    run(tmp_path, cache_dir, "train.max_steps=2", "train.run_name=p", "train.profile_step=2",
+        "train.eval_interval=0", "train.save_final=false", *CP2, nproc=2)
+    step2 = next(r for r in (json.loads(x) for x in (tmp_path / "p" / "metrics.jsonl").read_text().splitlines())
+                 if r["step"] == 2)
+    assert 0 < step2["time_share_communication"] < 1
+    top = (tmp_path / "p" / "profile_step_2.top.txt").read_text()
+    assert any("communication" in line and "alltoall" in line for line in top.splitlines())
 
 
 def test_context_groups_across_nodes_are_named():

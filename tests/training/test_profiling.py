@@ -25,6 +25,11 @@ from training.telemetry.profiling import classify, time_shares, top_kernels
     ("void flashgpt::(anonymous namespace)::gelu_backward_bias_kernel<__nv_bfloat162>(...)", "other"),
     ("void flashgpt::(anonymous namespace)::add_layer_norm_backward_kernel<__nv_bfloat162, 512>(...)", "other"),
     ("flashgpt::(anonymous namespace)::param_grads_kernel(float const*, float*, float*, int, int)", "other"),
+    ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "communication"),  # an all-to-all
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
+    ("c10d::alltoall_base_", "communication"),
+    ("gloo:all_to_all", "communication"),
+    ("aten::all", "other"),
 ])
 def test_classify(name, cls):
     assert classify(name) == cls
@@ -40,16 +45,17 @@ def test_gpu_spans_of_user_annotations_are_not_kernel_time():
     kernels, so counting it would count them twice ('other' and 'GPU busy' would be ~1% high)."""
     events = [_gpu_event("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT", 600.0),
               _gpu_event("void flashgpt::sm90::flash_bwd_kernel<...>", 250.0),
-              _gpu_event("multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata>", 150.0),
+              _gpu_event("multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata>", 100.0),
+              _gpu_event("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 50.0),
               _gpu_event("Optimizer.step#AdamW.step", 149.0, annotation=True),
               SimpleNamespace(key="aten::mm", count=1, self_device_time_total=600.0, is_user_annotation=False,
                               device_type=torch.autograd.DeviceType.CPU)]
     shares = time_shares(events, "cuda")
     assert shares["kernel_time_s"] == pytest.approx(1000e-6)
-    assert (shares["time_share_matmul"], shares["time_share_attention"], shares["time_share_other"]) == \
-        pytest.approx((0.6, 0.25, 0.15))
+    assert (shares["time_share_matmul"], shares["time_share_attention"], shares["time_share_communication"],
+            shares["time_share_other"]) == pytest.approx((0.6, 0.25, 0.05, 0.1))
     top = top_kernels(events, "cuda").splitlines()
-    assert len(top) == 4 and not any("Optimizer.step#" in line or "aten::mm" in line for line in top)
+    assert len(top) == 5 and not any("Optimizer.step#" in line or "aten::mm" in line for line in top)
     assert top[1].split()[0] == "60.00%"
 
 

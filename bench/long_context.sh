@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# GPT-1.3B at long context on one node (engine.context_parallel_size, docs/engines.md): 32k and 64k with
+# the context split over 4 GPUs, 32k as 2 context x 2 data-parallel GPUs, longer windows until one runs out
+# of memory, and 8k on one GPU as the per-token baseline. Per run: tokens/s, model TFLOP/s per GPU (paper
+# and causal-aware), MFU, peak memory, and the last step profiled: its GPU kernel time by class, the
+# all-to-alls under "communication" (training/telemetry/profiling.py); then the per-token cost against
+# 8k beside what the FLOP formula predicts. Usage (the GPU machine, repo root, 4 GPUs):
+#   bash bench/long_context.sh [out_dir]
+#   LONGEST="131072 262144" STEPS=6 bash bench/long_context.sh /tmp/lc     # the windows tried after 64k
+# STEPS optimizer steps per run (the last one under the profiler, left out of the medians), GB sequences
+# per optimizer step, RUN_TIMEOUT seconds per run, EXTRA more overrides for every run.
+set -uo pipefail
+STEPS=${STEPS:-8}; GB=${GB:-8}; OUT=${1:-/tmp/long_context}; LONGEST=${LONGEST-131072}
+RUN_TIMEOUT=${RUN_TIMEOUT:-420}; EXTRA=${EXTRA:-}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
+COMMON="train.max_steps=$STEPS train.profile_step=$STEPS train.global_batch_size=$GB train.eval_interval=0 \
+train.ckpt_interval=0 train.save_final=false logging.progress=false logging.wandb=disabled train.out_dir=$OUT \
+data.cache_dir=$OUT/cache $EXTRA"
+mkdir -p $OUT
+python3 launch/prepare_data.py --config gpt_1.3b_64k.yaml data.cache_dir=$OUT/cache >/dev/null 2>&1
+DONE=()
+run() {  # name nproc config overrides...
+  local name=$1 n=$2 cfg=$3; shift 3
+  if timeout $RUN_TIMEOUT torchrun --standalone --nproc_per_node=$n launch/train.py --config $cfg $COMMON \
+      train.run_name=$name "$@" > $OUT/$name.log 2>&1; then
+    DONE+=($OUT/$name); echo "$name: ok"
+  elif grep -q "out of GPU memory" $OUT/$name.log; then
+    echo "$name: out of GPU memory ($(grep -m1 -o 'out of GPU memory[^;]*' $OUT/$name.log))"; return 1
+  else
+    echo "$name: FAILED (see $OUT/$name.log)"; tail -5 $OUT/$name.log; return 1
+  fi
+}
+CUDA_VISIBLE_DEVICES=0 run n1_8k 1 gpt_1.3b_8k.yaml
+run c4_32k 4 gpt_1.3b_32k.yaml
+run c2d2_32k 4 gpt_1.3b_32k.yaml engine.context_parallel_size=2
+run c4_64k 4 gpt_1.3b_64k.yaml
+for seq in $LONGEST; do  # longer windows on the 64k config until one does not fit
+  run c4_$(( seq / 1024 ))k 4 gpt_1.3b_64k.yaml model.seq_len=$seq || break
+done
+python3 bench/summarize_runs.py --warmup 3 --baseline $OUT/n1_8k "${DONE[@]}"
+python3 - "${DONE[@]}" <<'PY'
+# Model FLOPs per token of each run (GPTConfig.flops_per_token, causal-aware) over 8k's: the per-token
+# cost the formula predicts, to set beside the measured "per GPU vs n1_8k" column (its inverse).
+import sys
+from pathlib import Path
+from omegaconf import OmegaConf
+from model.config import GPTConfig
+def fpt(run):
+    m = OmegaConf.to_container(OmegaConf.load(Path(run) / "config.yaml"))["model"]
+    return GPTConfig(**m).flops_per_token(causal_aware=True)
+base = next((r for r in sys.argv[1:] if r.endswith("n1_8k")), None)
+if base:
+    print("\n| run | causal-aware FLOPs per token vs n1_8k (predicted per-token cost) |\n|---|---|")
+    for r in sys.argv[1:]:
+        print(f"| {Path(r).name} | {fpt(r) / fpt(base):.2f}x |")
+PY
