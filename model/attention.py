@@ -10,9 +10,9 @@ Backends (chosen once per model, logged):
   reference  - plain matmul + softmax in fp32; slow, for checking
   auto       - ours on CUDA in bf16/fp16 (else, or where it cannot load, SDPA)
 model.recompute_attention recomputes the attention's forward in the backward (any backend).
-model.attention_window > 0 makes some layers local (a causal band of that many tokens): sdpa / math /
-reference take a boolean mask (auto on CUDA runs sdpa); our kernels have no window yet, so flash is refused,
-as are sdpa_flash and sdpa_cudnn, which take no mask.
+model.attention_window > 0 makes some layers local (a causal band of that many tokens): flash passes
+window_size to our kernels, sdpa / math / reference take a boolean mask; sdpa_flash and sdpa_cudnn take
+no mask and are refused.
 Context parallelism comes from outside: the module's `context_parallel` slot (None on one device) takes
 a wrapper (training/context_parallel) that exchanges sequence slices around the module's own attention.
 """
