@@ -171,8 +171,9 @@ class CausalSelfAttention(nn.Module):
         """`window` > 0: a local layer, token t attends to tokens t - window + 1 .. t (cfg.window_of)."""
         super().__init__()
         assert backend in BACKENDS, backend
-        if window_refusal(backend, window):
-            raise AttentionUnavailable(window_refusal(backend, window))
+        refusal = window_refusal(backend, window)
+        if refusal:
+            raise AttentionUnavailable(refusal)
         self.window = max(int(window), 0)
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
         kv_dim = self.n_kv_head * self.head_dim
