@@ -16,6 +16,26 @@ FAST = ["model.n_layer=2", "model.seq_len=64", "train.global_batch_size=8", "tra
         "logging.wandb=offline"]
 
 
+def _run_then_exit(rank: int, worker, port: int, *args) -> None:
+    """One spawned rank: worker(rank, port, *args), then leave without the interpreter's teardown once it
+    returned (its process group destroyed). A 2-rank gloo process that imported DeepSpeed was seen to
+    abort at teardown after passing ("terminate called without an active exception", a C++ thread still
+    joinable), as launch/train.py's ranks would without its _exit_now. An exception still reaches
+    mp.spawn (its traceback, exit 1)."""
+    worker(rank, port, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def spawn_ranks(worker, nprocs: int, *args) -> None:
+    """worker(rank, port, *args) on `nprocs` spawned processes sharing a free TCP port; raises if any
+    rank failed."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_run_then_exit, args=(worker, free_port(), *args), nprocs=nprocs, join=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
