@@ -170,7 +170,7 @@ class Cell:
             *a.override,
         ]
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}",
-                str(ROOT / "launch" / "train.py"), "--config", MODELS[self.model][0], *overrides]
+                "launch/train.py", "--config", MODELS[self.model][0], *overrides]  # run from ROOT
 
     def run(self) -> dict:
         rec = {"model": self.model, "seq": self.seq, "attention": self.attention, "nproc": self.nproc,
@@ -215,12 +215,12 @@ class Cell:
 
 
 # --- the table and the chart ---------------------------------------------------------------------
-def _cell_text(rec: Optional[dict]) -> str:
+def _cell_text(rec: Optional[dict], with_mfu: bool = True) -> str:
     if rec is None:
         return "-"
     if rec["status"] == "oom":
         return "OOM"
-    mfu = f" ({100 * rec['mfu_paper']:.0f}%)" if rec.get("mfu_paper") else ""
+    mfu = f" ({100 * rec['mfu_paper']:.0f}%)" if with_mfu and rec.get("mfu_paper") else ""
     tflops = rec["tflops_paper"]
     micro = f" mb{rec['micro_batch']}" if rec.get("micro_batch", 0) < rec.get("config_micro_batch", 0) else ""
     return (f"{tflops:.0f}" if tflops >= 10 else f"{tflops:.2g}") + mfu + ("*" if rec.get("recompute") else "") + micro
@@ -277,11 +277,11 @@ def chart(results: List[dict], nproc: int, gpu: str, columns: List[str], path: P
             xs.append(i + (j - (len(columns) - 1) / 2) * width)
             ok = rec is not None and rec["status"] == "ok"
             ys.append(rec["tflops_paper"] if ok else 0.0)
-            labels.append(_cell_text(rec) if rec else "")
+            labels.append(_cell_text(rec, with_mfu=False) if rec else "")
         bars = ax.bar(xs, ys, width, label=COLUMNS.get(c, c), hatch="//" if c == "flash" else None,
                       edgecolor="black", linewidth=0.5)
         for b, text in zip(bars, labels):
-            ax.annotate(text.split(" ")[0], (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
+            ax.annotate(text, (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
                         va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
     paper = [(i, PAPER[(m, s)][2]) for i, (m, s) in enumerate(rows) if (m, s) in PAPER]
     if paper:
@@ -290,7 +290,8 @@ def chart(results: List[dict], nproc: int, gpu: str, columns: List[str], path: P
     ax.set_xticks(range(len(rows)), [f"{MODELS[m][1]}\n{seq_label(s)}" for m, s in rows])
     ax.set_ylabel("model TFLOP/s per GPU (paper formula)")
     ax.set_title(f"GPT training, {nproc} x {gpu}")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False,
+              markerscale=0.35)  # the paper's marker spans a bar group; its legend key, a short dash
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -324,6 +325,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"override {o!r}: expected key=value")
     if args.steps <= args.warmup:
         p.error(f"--steps {args.steps} leaves no step after --warmup {args.warmup}")
+    args.out_dir = str(Path(args.out_dir).resolve())  # the runs start in ROOT, not in the caller's folder
     args.results = Path(args.results or Path(args.out_dir) / "cells.jsonl")
     return args
 

@@ -105,10 +105,11 @@ class FakeTrain:
     exits 0."""
 
     def __init__(self, oom=()):
-        self.commands, self.oom = [], set(oom)
+        self.commands, self.cwds, self.oom = [], [], set(oom)
 
     def __call__(self, cmd, cwd=None, stdout=None, stderr=None, timeout=None, **kw):
         self.commands.append(cmd)
+        self.cwds.append(cwd)
         args = dict(a.split("=", 1) for a in cmd if "=" in a and not a.startswith("--"))
         run_dir = Path(args["train.out_dir"]) / args["train.run_name"]
         if args["train.run_name"] in self.oom:
@@ -186,3 +187,19 @@ def test_math_whose_scores_and_optimizer_state_exceed_the_gpu_recomputes_at_once
 def test_other_columns_run_once(tmp_path, monkeypatch):
     rec, tries = _cell(tmp_path, monkeypatch, "flash", 8192, 80.0)
     assert tries == ["model.recompute_attention=false"] and rec["status"] == "ok" and rec["micro_batch"] == 2
+
+
+def test_a_relative_out_dir_is_the_callers_and_the_run_starts_in_the_repository(tmp_path, monkeypatch):
+    """--out-dir relative to the folder paper_table is called from, though every run starts in the
+    repository (its launch/train.py path is relative there): the run folder and the results file land in
+    the caller's folder."""
+    fake = FakeTrain()
+    monkeypatch.setattr(paper_table.subprocess, "run", fake)
+    monkeypatch.setattr(paper_table, "gpu_memory_gb", lambda: 80.0)
+    monkeypatch.chdir(tmp_path)
+    args = paper_table.parse_args(["--out-dir", "pt", "--steps", "4", "--warmup", "2"])
+    rec = paper_table.Cell(args, "1.3b", 2048, "flash", "NVIDIA H100 80GB HBM3").run()
+    assert fake.cwds == [paper_table.ROOT] and "launch/train.py" in fake.commands[0]
+    assert (paper_table.ROOT / fake.commands[0][fake.commands[0].index("launch/train.py")]).is_file()
+    assert Path(rec["run_dir"]) == tmp_path / "pt" / "1.3b-2k-flash-1gpu" and (tmp_path / "pt" / "1.3b-2k-flash-1gpu").is_dir()
+    assert args.results == tmp_path / "pt" / "cells.jsonl"
