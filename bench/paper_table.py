@@ -22,8 +22,9 @@ the median over the steps after `--warmup` of its own metrics.jsonl (what its W&
 
 Model FLOPs per token by the paper's formula 6·N + 12·L·d·s (attention counted non-causal), MFU
 against the GPU's dense bf16 peak (989 TFLOP/s on an H100 SXM; the paper's against the A100's 312).
-Cells already in the results file are skipped unless --force; the file is appended to, so the grid can
-be run in parts (a 10-minute window each).
+Cells already in the results file are skipped unless --force (one held as out of memory goes on at the
+try after its last, where the ladder has one); the file is appended to, so the grid can be run in parts
+(a 10-minute window each).
 """
 from __future__ import annotations
 
@@ -172,15 +173,27 @@ class Cell:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}",
                 "launch/train.py", "--config", MODELS[self.model][0], *overrides]  # run from ROOT
 
-    def run(self) -> dict:
+    def resume_from(self, prev: dict) -> Optional[int]:
+        """Where a cell already in the results file goes on: at the try after the one its record ran out
+        of memory at (a ladder that gained rungs since, e.g. a smaller micro-batch), else None (held)."""
+        if prev.get("status") != "oom":
+            return None
+        tries = self.tries()
+        last = (prev.get("recompute"), prev.get("micro_batch"))
+        if last not in tries or tries.index(last) + 1 == len(tries):
+            return None
+        return tries.index(last) + 1
+
+    def run(self, start: int = 0) -> dict:
+        """The cell's record, from try `start` of tries() on."""
         rec = {"model": self.model, "seq": self.seq, "attention": self.attention, "nproc": self.nproc,
                "gpu": self.gpu, "micro_batch": self.micro, "config_micro_batch": self.micro,
                "global_batch": self.global_batch,
                "steps": self.args.steps, "warmup": self.args.warmup,
                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-        tries = self.tries()
+        tries = self.tries()[start:]
         memory = gpu_memory_gb()
-        if self.attention == "math" and memory is not None and self.scores_gb + self.state_gb > memory:
+        if start == 0 and self.attention == "math" and memory is not None and self.scores_gb + self.state_gb > memory:
             # the probabilities and the optimizer state alone exceed the GPU: straight to the recomputed
             # attention (a plain try would compile, then fail at its first step)
             print(f"[{self.name}] the s x s scores ({self.scores_gb:.0f} GB) and the weights, gradients and "
@@ -335,15 +348,20 @@ def main(argv=None) -> int:
     gpu = gpu_name()
     seqs = [seq_tokens(s) for s in args.seq]
     if not args.table_only:
-        done = {cell_key(r) for r in read_results(args.results)}
+        held = {cell_key(r): r for r in read_results(args.results)}  # the latest record of each cell
         for model in args.models:
             for seq in seqs:
                 for attention in args.attention:
                     cell = Cell(args, model, seq, attention, gpu)
-                    if cell.key() in done and not args.force:
-                        print(f"[{cell.name}] in {args.results} already (--force to run it again)", flush=True)
-                        continue
-                    rec = cell.run()
+                    start = 0
+                    if cell.key() in held and not args.force:
+                        start = cell.resume_from(held[cell.key()])
+                        if start is None:
+                            print(f"[{cell.name}] in {args.results} already (--force to run it again)", flush=True)
+                            continue
+                        print(f"[{cell.name}] out of memory in {args.results} at its last try: going on from "
+                              f"try {start + 1} of {len(cell.tries())}", flush=True)
+                    rec = cell.run(start)
                     append_result(args.results, rec)
                     print(f"[{cell.name}] {_cell_text(rec)}", flush=True)
     results = read_results(args.results)

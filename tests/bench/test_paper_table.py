@@ -203,3 +203,29 @@ def test_a_relative_out_dir_is_the_callers_and_the_run_starts_in_the_repository(
     assert (paper_table.ROOT / fake.commands[0][fake.commands[0].index("launch/train.py")]).is_file()
     assert Path(rec["run_dir"]) == tmp_path / "pt" / "1.3b-2k-flash-1gpu" and (tmp_path / "pt" / "1.3b-2k-flash-1gpu").is_dir()
     assert args.results == tmp_path / "pt" / "cells.jsonl"
+
+
+def test_a_cell_held_out_of_memory_goes_on_at_its_next_try(tmp_path, monkeypatch, capsys):
+    """A results file whose 8k "without" cell ran out of memory recomputed at micro-batch 2 (a ladder that
+    then ended there): the next call runs micro-batch 1 only and appends the cell; a cell held as run, or
+    out of memory at its ladder's last try, is skipped."""
+    fake = FakeTrain()
+    monkeypatch.setattr(paper_table.subprocess, "run", fake)
+    monkeypatch.setattr(paper_table, "gpu_memory_gb", lambda: 80.0)
+    monkeypatch.setattr(paper_table, "gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    results = tmp_path / "cells.jsonl"
+    base = {"model": "1.3b", "seq": 8192, "nproc": 1, "gpu": "NVIDIA H100 80GB HBM3", "config_micro_batch": 2}
+    paper_table.append_result(results, {**base, "attention": "math", "status": "oom", "recompute": True,
+                                        "micro_batch": 2})
+    paper_table.append_result(results, {**base, "attention": "flash", "status": "ok", "recompute": False,
+                                        "micro_batch": 2, "tflops_paper": 600.0, "mfu_paper": 0.6})
+    argv = ["--out-dir", str(tmp_path), "--results", str(results), "--steps", "4", "--warmup", "2",
+            "--models", "1.3b", "--seq", "8k", "--attention", "math", "flash"]
+    assert paper_table.main(argv) == 0
+    assert len(fake.commands) == 1 and "train.micro_batch_size=1" in fake.commands[0]
+    latest = paper_table.read_results(results)[-1]
+    assert latest["attention"] == "math" and latest["status"] == "ok" and latest["micro_batch"] == 1
+    assert "* mb1" in capsys.readouterr().out
+    assert paper_table.main(argv) == 0 and len(fake.commands) == 1  # both held now
+    paper_table.append_result(results, {**latest, "status": "oom"})  # out of memory at the last rung too
+    assert paper_table.main(argv) == 0 and len(fake.commands) == 1
