@@ -74,3 +74,30 @@ def losses(run_dir: Path, key: str = "loss") -> dict:
         if key in rec:
             out[rec["step"]] = rec[key]
     return out
+
+
+# in-process runs (Trainer.fit on one rank): no evaluation or checkpoints, no W&B
+IN_PROCESS = ["model.n_layer=2", "model.seq_len=64", "train.global_batch_size=8", "train.micro_batch_size=4",
+              "train.eval_interval=0", "train.ckpt_interval=0", "logging.progress=false", "logging.wandb=disabled"]
+
+
+def fit(tmp_path, cache_dir, name, *overrides, fault=None, monkeypatch=None):
+    """Trainer.fit of tiny_cpu for 5 steps in this process, FLASHGPT_FAULT set to `fault` (or unset);
+    returns the trainer with .records = {step: its metrics} (also when fit raised)."""
+    from training.config import load_config
+    from training.distributed import DistInfo
+    from training.trainer import Trainer
+
+    if fault:
+        monkeypatch.setenv("FLASHGPT_FAULT", fault)
+    else:
+        monkeypatch.delenv("FLASHGPT_FAULT", raising=False)
+    cfg = load_config("tiny_cpu.yaml", [f"train.out_dir={tmp_path}", f"data.cache_dir={cache_dir}",
+                                        f"train.run_name={name}", "train.max_steps=5", *IN_PROCESS, *overrides])
+    trainer = Trainer.build(cfg, DistInfo())
+    try:
+        trainer.fit()
+    finally:
+        records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        trainer.records = {r["step"]: r for r in records if "loss" in r}
+    return trainer
