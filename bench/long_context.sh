@@ -7,20 +7,26 @@
 # 8k beside what the FLOP formula predicts. Usage (the GPU machine, repo root, 4 GPUs):
 #   bash bench/long_context.sh [out_dir]
 #   LONGEST="131072 262144" STEPS=6 bash bench/long_context.sh /tmp/lc     # the windows tried after 64k
+#   ONLY="n1_8k" bash bench/long_context.sh /tmp/lc      # just these runs (names as printed)
 # STEPS optimizer steps per run (the last one under the profiler, left out of the medians), GB sequences
-# per optimizer step, RUN_TIMEOUT seconds per run, EXTRA more overrides for every run.
+# per optimizer step, RUN_TIMEOUT seconds per run, EXTRA more overrides for every run. A run whose folder
+# in out_dir holds its summary.json already is kept, not run again: a sweep cut short goes on where it
+# stopped when called again with the same out_dir.
 set -uo pipefail
 STEPS=${STEPS:-8}; GB=${GB:-8}; OUT=${1:-/tmp/long_context}; LONGEST=${LONGEST-131072}
-RUN_TIMEOUT=${RUN_TIMEOUT:-420}; EXTRA=${EXTRA:-}
+RUN_TIMEOUT=${RUN_TIMEOUT:-420}; EXTRA=${EXTRA:-}; ONLY=${ONLY:-}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 COMMON="train.max_steps=$STEPS train.profile_step=$STEPS train.global_batch_size=$GB train.eval_interval=0 \
 train.ckpt_interval=0 train.save_final=false logging.progress=false logging.wandb=disabled train.out_dir=$OUT \
+train.resume=none train.overwrite=true \
 data.cache_dir=$OUT/cache $EXTRA"
 mkdir -p $OUT
 python3 launch/prepare_data.py --config gpt_1.3b_64k.yaml data.cache_dir=$OUT/cache >/dev/null 2>&1
 DONE=()
 run() {  # name nproc config overrides...
   local name=$1 n=$2 cfg=$3; shift 3
+  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then return 0; fi
+  if [ -f $OUT/$name/summary.json ]; then DONE+=($OUT/$name); echo "$name: ok (earlier call)"; return 0; fi
   if timeout $RUN_TIMEOUT torchrun --standalone --nproc_per_node=$n launch/train.py --config $cfg $COMMON \
       train.run_name=$name "$@" > $OUT/$name.log 2>&1; then
     DONE+=($OUT/$name); echo "$name: ok"

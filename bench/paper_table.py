@@ -22,8 +22,9 @@ the median over the steps after `--warmup` of its own metrics.jsonl (what its W&
 
 Model FLOPs per token by the paper's formula 6·N + 12·L·d·s (attention counted non-causal), MFU
 against the GPU's dense bf16 peak (989 TFLOP/s on an H100 SXM; the paper's against the A100's 312).
-Cells already in the results file are skipped unless --force; the file is appended to, so the grid can
-be run in parts (a 10-minute window each).
+Cells already in the results file are skipped unless --force (one held as out of memory goes on at the
+try after its last, where the ladder has one); the file is appended to, so the grid can be run in parts
+(a 10-minute window each).
 """
 from __future__ import annotations
 
@@ -170,17 +171,29 @@ class Cell:
             *a.override,
         ]
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}",
-                str(ROOT / "launch" / "train.py"), "--config", MODELS[self.model][0], *overrides]
+                "launch/train.py", "--config", MODELS[self.model][0], *overrides]  # run from ROOT
 
-    def run(self) -> dict:
+    def resume_from(self, prev: dict) -> Optional[int]:
+        """Where a cell already in the results file goes on: at the try after the one its record ran out
+        of memory at (a ladder that gained rungs since, e.g. a smaller micro-batch), else None (held)."""
+        if prev.get("status") != "oom":
+            return None
+        tries = self.tries()
+        last = (prev.get("recompute"), prev.get("micro_batch"))
+        if last not in tries or tries.index(last) + 1 == len(tries):
+            return None
+        return tries.index(last) + 1
+
+    def run(self, start: int = 0) -> dict:
+        """The cell's record, from try `start` of tries() on."""
         rec = {"model": self.model, "seq": self.seq, "attention": self.attention, "nproc": self.nproc,
                "gpu": self.gpu, "micro_batch": self.micro, "config_micro_batch": self.micro,
                "global_batch": self.global_batch,
                "steps": self.args.steps, "warmup": self.args.warmup,
                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-        tries = self.tries()
+        tries = self.tries()[start:]
         memory = gpu_memory_gb()
-        if self.attention == "math" and memory is not None and self.scores_gb + self.state_gb > memory:
+        if start == 0 and self.attention == "math" and memory is not None and self.scores_gb + self.state_gb > memory:
             # the probabilities and the optimizer state alone exceed the GPU: straight to the recomputed
             # attention (a plain try would compile, then fail at its first step)
             print(f"[{self.name}] the s x s scores ({self.scores_gb:.0f} GB) and the weights, gradients and "
@@ -215,12 +228,12 @@ class Cell:
 
 
 # --- the table and the chart ---------------------------------------------------------------------
-def _cell_text(rec: Optional[dict]) -> str:
+def _cell_text(rec: Optional[dict], with_mfu: bool = True) -> str:
     if rec is None:
         return "-"
     if rec["status"] == "oom":
         return "OOM"
-    mfu = f" ({100 * rec['mfu_paper']:.0f}%)" if rec.get("mfu_paper") else ""
+    mfu = f" ({100 * rec['mfu_paper']:.0f}%)" if with_mfu and rec.get("mfu_paper") else ""
     tflops = rec["tflops_paper"]
     micro = f" mb{rec['micro_batch']}" if rec.get("micro_batch", 0) < rec.get("config_micro_batch", 0) else ""
     return (f"{tflops:.0f}" if tflops >= 10 else f"{tflops:.2g}") + mfu + ("*" if rec.get("recompute") else "") + micro
@@ -277,11 +290,11 @@ def chart(results: List[dict], nproc: int, gpu: str, columns: List[str], path: P
             xs.append(i + (j - (len(columns) - 1) / 2) * width)
             ok = rec is not None and rec["status"] == "ok"
             ys.append(rec["tflops_paper"] if ok else 0.0)
-            labels.append(_cell_text(rec) if rec else "")
+            labels.append(_cell_text(rec, with_mfu=False) if rec else "")
         bars = ax.bar(xs, ys, width, label=COLUMNS.get(c, c), hatch="//" if c == "flash" else None,
                       edgecolor="black", linewidth=0.5)
         for b, text in zip(bars, labels):
-            ax.annotate(text.split(" ")[0], (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
+            ax.annotate(text, (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
                         va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
     paper = [(i, PAPER[(m, s)][2]) for i, (m, s) in enumerate(rows) if (m, s) in PAPER]
     if paper:
@@ -290,7 +303,8 @@ def chart(results: List[dict], nproc: int, gpu: str, columns: List[str], path: P
     ax.set_xticks(range(len(rows)), [f"{MODELS[m][1]}\n{seq_label(s)}" for m, s in rows])
     ax.set_ylabel("model TFLOP/s per GPU (paper formula)")
     ax.set_title(f"GPT training, {nproc} x {gpu}")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False,
+              markerscale=0.35)  # the paper's marker spans a bar group; its legend key, a short dash
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -324,6 +338,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"override {o!r}: expected key=value")
     if args.steps <= args.warmup:
         p.error(f"--steps {args.steps} leaves no step after --warmup {args.warmup}")
+    args.out_dir = str(Path(args.out_dir).resolve())  # the runs start in ROOT, not in the caller's folder
     args.results = Path(args.results or Path(args.out_dir) / "cells.jsonl")
     return args
 
@@ -333,15 +348,20 @@ def main(argv=None) -> int:
     gpu = gpu_name()
     seqs = [seq_tokens(s) for s in args.seq]
     if not args.table_only:
-        done = {cell_key(r) for r in read_results(args.results)}
+        held = {cell_key(r): r for r in read_results(args.results)}  # the latest record of each cell
         for model in args.models:
             for seq in seqs:
                 for attention in args.attention:
                     cell = Cell(args, model, seq, attention, gpu)
-                    if cell.key() in done and not args.force:
-                        print(f"[{cell.name}] in {args.results} already (--force to run it again)", flush=True)
-                        continue
-                    rec = cell.run()
+                    start = 0
+                    if cell.key() in held and not args.force:
+                        start = cell.resume_from(held[cell.key()])
+                        if start is None:
+                            print(f"[{cell.name}] in {args.results} already (--force to run it again)", flush=True)
+                            continue
+                        print(f"[{cell.name}] out of memory in {args.results} at its last try: going on from "
+                              f"try {start + 1} of {len(cell.tries())}", flush=True)
+                    rec = cell.run(start)
                     append_result(args.results, rec)
                     print(f"[{cell.name}] {_cell_text(rec)}", flush=True)
     results = read_results(args.results)

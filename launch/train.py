@@ -27,6 +27,7 @@ from training.config import ConfigError, load_config, validate  # noqa: E402
 from training.distributed import Rank0Failed, all_reached, init_distributed  # noqa: E402
 from training.resilience.checkpoint import CheckpointError  # noqa: E402
 from training.resilience.out_of_memory import explain as explain_oom  # noqa: E402
+from training.gradient_check import GradientLostError  # noqa: E402
 from training.trainer import NonFiniteError, Trainer  # noqa: E402
 
 # Known errors end the run with one line on stderr and this exit code, no traceback (README
@@ -34,7 +35,7 @@ from training.trainer import NonFiniteError, Trainer  # noqa: E402
 # watchdog's (training/resilience/watchdog.py).
 KNOWN_ERRORS = ((ConfigError, "config error", 2), (DataError, "data error", 2),
                 (CheckpointError, "checkpoint error", 2), (Rank0Failed, "error", 2),
-                (NonFiniteError, "training stopped", 3))
+                (NonFiniteError, "training stopped", 3), (GradientLostError, "training stopped", 3))
 
 
 def _fail(label: str, err: BaseException, code: int) -> int:

@@ -16,6 +16,26 @@ FAST = ["model.n_layer=2", "model.seq_len=64", "train.global_batch_size=8", "tra
         "logging.wandb=offline"]
 
 
+def _run_then_exit(rank: int, worker, port: int, *args) -> None:
+    """One spawned rank: worker(rank, port, *args), then leave without the interpreter's teardown once it
+    returned (its process group destroyed). A 2-rank gloo process that imported DeepSpeed was seen to
+    abort at teardown after passing ("terminate called without an active exception", a C++ thread still
+    joinable), as launch/train.py's ranks would without its _exit_now. An exception still reaches
+    mp.spawn (its traceback, exit 1)."""
+    worker(rank, port, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def spawn_ranks(worker, nprocs: int, *args) -> None:
+    """worker(rank, port, *args) on `nprocs` spawned processes sharing a free TCP port; raises if any
+    rank failed."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_run_then_exit, args=(worker, free_port(), *args), nprocs=nprocs, join=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -54,3 +74,30 @@ def losses(run_dir: Path, key: str = "loss") -> dict:
         if key in rec:
             out[rec["step"]] = rec[key]
     return out
+
+
+# in-process runs (Trainer.fit on one rank): no evaluation or checkpoints, no W&B
+IN_PROCESS = ["model.n_layer=2", "model.seq_len=64", "train.global_batch_size=8", "train.micro_batch_size=4",
+              "train.eval_interval=0", "train.ckpt_interval=0", "logging.progress=false", "logging.wandb=disabled"]
+
+
+def fit(tmp_path, cache_dir, name, *overrides, fault=None, monkeypatch=None):
+    """Trainer.fit of tiny_cpu for 5 steps in this process, FLASHGPT_FAULT set to `fault` (or unset);
+    returns the trainer with .records = {step: its metrics} (also when fit raised)."""
+    from training.config import load_config
+    from training.distributed import DistInfo
+    from training.trainer import Trainer
+
+    if fault:
+        monkeypatch.setenv("FLASHGPT_FAULT", fault)
+    else:
+        monkeypatch.delenv("FLASHGPT_FAULT", raising=False)
+    cfg = load_config("tiny_cpu.yaml", [f"train.out_dir={tmp_path}", f"data.cache_dir={cache_dir}",
+                                        f"train.run_name={name}", "train.max_steps=5", *IN_PROCESS, *overrides])
+    trainer = Trainer.build(cfg, DistInfo())
+    try:
+        trainer.fit()
+    finally:
+        records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        trainer.records = {r["step"]: r for r in records if "loss" in r}
+    return trainer

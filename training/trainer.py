@@ -30,6 +30,7 @@ from training.distributed import DistInfo, control_store, rank0_first, stop_grou
 from training.engines.base import autocast_dtype
 from training.engines.factory import build_engine
 from training.engines.replicas import TorchEngine
+from training.gradient_check import GradientLostError, attention_weights_without_gradient, lost_gradient_message
 from training.resilience import faults
 from training.resilience.checkpoint import (CheckpointError, Checkpointer, IncompatibleCheckpoint, on_main,
                                             rng_state, set_rng_state)
@@ -82,6 +83,7 @@ class Trainer:
         self._lock: Optional[RunLock] = None  # rank 0's lock on the run folder, held by fit()
         self.step, self.tokens_seen, self.wandb_id = 0, 0, None
         self.skipped_steps = self.consecutive_skips = 0  # non-finite steps: in total, in a row now
+        self.gradients_checked = False  # the attention's gradients, after this process's first backward
         self.abandoned_after = 0  # micro-batches of the step a signal stopped (train_step)
         self.watchdog: Optional[HangWatchdog] = None  # several ranks with train.hang_timeout_s > 0 (fit)
         faults.install(engine.model, lambda: self.step + 1, dist.rank)  # tests only: nan_loss / nan_grad
@@ -239,6 +241,8 @@ class Trainer:
                 faults.reach("first_micro_batch", self.step + 1, self.dist.rank)  # tests only
             if self.watchdog is not None:
                 self.watchdog.at(micro + 1)
+        if not self.gradients_checked:
+            self._check_attention_gradients()
         # mean over all ranks: a context group's slices are of equal size, so their mean is the window's
         loss = self.dist.all_reduce_mean(loss_sum / self.accum)
         faults.reach("update", self.step + 1, self.dist.rank)  # tests only
@@ -267,6 +271,20 @@ class Trainer:
         self.engine.optimizer.zero_grad(set_to_none=True)
         self.train_loader.load_state_dict(where)
         set_rng_state(rng)
+
+    def _check_attention_gradients(self) -> None:
+        """Once per process, after the first step's backward: every attention layer's q/k/v weight has a
+        gradient (training/gradient_check.py); GradientLostError on every rank if one rank misses one.
+        Engines whose gradients live on the parameters only (DeepSpeed keeps its own)."""
+        self.gradients_checked = True
+        if not isinstance(self.engine, TorchEngine):
+            return
+        missing = attention_weights_without_gradient(self.engine.model)
+        flag = torch.tensor(float(bool(missing)), device=self.dist.device)
+        if self.dist.enabled:
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        if flag.item():
+            raise GradientLostError(lost_gradient_message(missing or ["another rank's attention weights"]))
 
     def _grad_norm(self) -> torch.Tensor:
         """Global L2 norm of this rank's gradients (an engine may provide its own `grad_norm()`;

@@ -105,10 +105,11 @@ class FakeTrain:
     exits 0."""
 
     def __init__(self, oom=()):
-        self.commands, self.oom = [], set(oom)
+        self.commands, self.cwds, self.oom = [], [], set(oom)
 
     def __call__(self, cmd, cwd=None, stdout=None, stderr=None, timeout=None, **kw):
         self.commands.append(cmd)
+        self.cwds.append(cwd)
         args = dict(a.split("=", 1) for a in cmd if "=" in a and not a.startswith("--"))
         run_dir = Path(args["train.out_dir"]) / args["train.run_name"]
         if args["train.run_name"] in self.oom:
@@ -186,3 +187,45 @@ def test_math_whose_scores_and_optimizer_state_exceed_the_gpu_recomputes_at_once
 def test_other_columns_run_once(tmp_path, monkeypatch):
     rec, tries = _cell(tmp_path, monkeypatch, "flash", 8192, 80.0)
     assert tries == ["model.recompute_attention=false"] and rec["status"] == "ok" and rec["micro_batch"] == 2
+
+
+def test_a_relative_out_dir_is_the_callers_and_the_run_starts_in_the_repository(tmp_path, monkeypatch):
+    """--out-dir relative to the folder paper_table is called from, though every run starts in the
+    repository (its launch/train.py path is relative there): the run folder and the results file land in
+    the caller's folder."""
+    fake = FakeTrain()
+    monkeypatch.setattr(paper_table.subprocess, "run", fake)
+    monkeypatch.setattr(paper_table, "gpu_memory_gb", lambda: 80.0)
+    monkeypatch.chdir(tmp_path)
+    args = paper_table.parse_args(["--out-dir", "pt", "--steps", "4", "--warmup", "2"])
+    rec = paper_table.Cell(args, "1.3b", 2048, "flash", "NVIDIA H100 80GB HBM3").run()
+    assert fake.cwds == [paper_table.ROOT] and "launch/train.py" in fake.commands[0]
+    assert (paper_table.ROOT / fake.commands[0][fake.commands[0].index("launch/train.py")]).is_file()
+    assert Path(rec["run_dir"]) == tmp_path / "pt" / "1.3b-2k-flash-1gpu" and (tmp_path / "pt" / "1.3b-2k-flash-1gpu").is_dir()
+    assert args.results == tmp_path / "pt" / "cells.jsonl"
+
+
+def test_a_cell_held_out_of_memory_goes_on_at_its_next_try(tmp_path, monkeypatch, capsys):
+    """A results file whose 8k "without" cell ran out of memory recomputed at micro-batch 2 (a ladder that
+    then ended there): the next call runs micro-batch 1 only and appends the cell; a cell held as run, or
+    out of memory at its ladder's last try, is skipped."""
+    fake = FakeTrain()
+    monkeypatch.setattr(paper_table.subprocess, "run", fake)
+    monkeypatch.setattr(paper_table, "gpu_memory_gb", lambda: 80.0)
+    monkeypatch.setattr(paper_table, "gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    results = tmp_path / "cells.jsonl"
+    base = {"model": "1.3b", "seq": 8192, "nproc": 1, "gpu": "NVIDIA H100 80GB HBM3", "config_micro_batch": 2}
+    paper_table.append_result(results, {**base, "attention": "math", "status": "oom", "recompute": True,
+                                        "micro_batch": 2})
+    paper_table.append_result(results, {**base, "attention": "flash", "status": "ok", "recompute": False,
+                                        "micro_batch": 2, "tflops_paper": 600.0, "mfu_paper": 0.6})
+    argv = ["--out-dir", str(tmp_path), "--results", str(results), "--steps", "4", "--warmup", "2",
+            "--models", "1.3b", "--seq", "8k", "--attention", "math", "flash"]
+    assert paper_table.main(argv) == 0
+    assert len(fake.commands) == 1 and "train.micro_batch_size=1" in fake.commands[0]
+    latest = paper_table.read_results(results)[-1]
+    assert latest["attention"] == "math" and latest["status"] == "ok" and latest["micro_batch"] == 1
+    assert "* mb1" in capsys.readouterr().out
+    assert paper_table.main(argv) == 0 and len(fake.commands) == 1  # both held now
+    paper_table.append_result(results, {**latest, "status": "oom"})  # out of memory at the last rung too
+    assert paper_table.main(argv) == 0 and len(fake.commands) == 1

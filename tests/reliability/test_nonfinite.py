@@ -5,29 +5,10 @@ import json
 import math
 
 import pytest
+from train_runner import fit
 
 from training.config import load_config
-from training.distributed import DistInfo
-from training.trainer import NonFiniteError, Trainer
-
-FAST = ["model.n_layer=2", "model.seq_len=64", "train.global_batch_size=8", "train.micro_batch_size=4",
-        "train.eval_interval=0", "train.ckpt_interval=0", "logging.progress=false", "logging.wandb=disabled"]
-
-
-def fit(tmp_path, cache_dir, name, *overrides, fault=None, monkeypatch=None):
-    if fault:
-        monkeypatch.setenv("FLASHGPT_FAULT", fault)
-    else:
-        monkeypatch.delenv("FLASHGPT_FAULT", raising=False)
-    cfg = load_config("tiny_cpu.yaml", [f"train.out_dir={tmp_path}", f"data.cache_dir={cache_dir}",
-                                        f"train.run_name={name}", "train.max_steps=5", *FAST, *overrides])
-    trainer = Trainer.build(cfg, DistInfo())
-    try:
-        trainer.fit()
-    finally:
-        records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-        trainer.records = {r["step"]: r for r in records if "loss" in r}
-    return trainer
+from training.trainer import NonFiniteError
 
 
 @pytest.fixture(scope="module")

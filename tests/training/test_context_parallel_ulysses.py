@@ -7,8 +7,7 @@ refused with one ValueError."""
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from train_runner import free_port
+from train_runner import spawn_ranks
 
 from model.attention import CausalSelfAttention
 from model.config import GPTConfig
@@ -26,7 +25,7 @@ def _init(rank: int, port: int):
 
 
 def _spawn(fn, *args):
-    mp.spawn(fn, args=(free_port(), *args), nprocs=C, join=True)
+    spawn_ranks(fn, C, *args)
 
 
 def _check_attention(backend: str, n_head: int, n_kv_head: int, packed: bool, rank: int, cp):

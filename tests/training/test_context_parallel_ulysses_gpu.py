@@ -10,8 +10,7 @@ if torch.cuda.device_count() < 2:
     pytest.skip("needs 2 CUDA GPUs (one rank each)", allow_module_level=True)
 
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-from train_runner import free_port  # noqa: E402
+from train_runner import spawn_ranks  # noqa: E402
 
 from model.config import GPTConfig  # noqa: E402
 
@@ -86,4 +85,4 @@ def _worker(rank: int, port: int):
 
 
 def test_ulysses_with_our_kernel_over_nccl():
-    mp.spawn(_worker, args=(free_port(),), nprocs=C, join=True)
+    spawn_ranks(_worker, C)

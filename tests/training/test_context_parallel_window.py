@@ -4,8 +4,7 @@ alternating dense and local layers (model.attention_window) gives the one-proces
 with packed documents whose boundaries cross the slice boundary and a window crossing it too."""
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from train_runner import free_port
+from train_runner import spawn_ranks
 
 from model.config import GPTConfig
 from model.gpt import GPT
@@ -48,4 +47,4 @@ def _worker(rank: int, port: int):
 
 
 def test_local_attention_with_context_parallel_equals_one_process():
-    mp.spawn(_worker, args=(free_port(),), nprocs=C, join=True)
+    spawn_ranks(_worker, C)

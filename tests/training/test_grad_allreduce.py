@@ -1,13 +1,12 @@
 """engine.grad_sync=after_backward (training/engines/grad_allreduce.py): the gradient sum itself on 2 gloo
 processes, the choice of sync, and 2-rank torchrun runs with the weight cache on (CPU, bf16 autocast)
 against one process and against DDP."""
-import os
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from train_runner import free_port, losses, run
+from train_runner import losses, run, spawn_ranks
 
 from training.config import load_config
 from training.distributed import DistInfo
@@ -40,7 +39,7 @@ def _worker(rank: int, port: int, out):
 
 def test_all_reduce_grads_sums_every_gradient_in_place():
     out = mp.Manager().dict()
-    mp.spawn(_worker, args=(free_port(), out), nprocs=2, join=True)
+    spawn_ranks(_worker, 2, out)
     want = [a + b for a, b in zip(_rank_grads(0), _rank_grads(1))]
     for rank in (0, 1):
         got = out[rank]

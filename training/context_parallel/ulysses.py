@@ -1,5 +1,6 @@
 """DeepSpeed-Ulysses context parallelism around the model's own attention (Jacobs et al. 2023,
-arXiv:2309.14509), built on DeepSpeed's `deepspeed.sequence.layer.DistributedAttention`.
+arXiv:2309.14509), built on DeepSpeed's exchange operator `deepspeed::dim_zero_all_to_all`
+(deepspeed.sequence.layer, the one DeepSpeed's own Ulysses for compiled models uses).
 
 A context group of C ranks; group rank r holds tokens [r*T/C, (r+1)*T/C) of every sequence. Per
 attention call, on each rank:
@@ -11,12 +12,16 @@ attention call, on each rank:
   y (B, T/C, H, D)
 Under grouped-query attention query head h uses kv head h // (H/Hkv); rank r's query heads
 [r*H/C, (r+1)*H/C) use exactly its kv heads [r*Hkv/C, (r+1)*Hkv/C), so H and Hkv must both divide by C.
-The backward runs the transposed all-to-alls (DeepSpeed's autograd function). Communication volume per
-layer: 4 all-to-alls of B*T*d/C elements per rank forward (q, k, v, y; k and v smaller under GQA) and 4
-backward.
+Communication volume per layer: 4 all-to-alls of B*T*d/C elements per rank forward (q, k, v, y; k and v
+smaller under GQA) and 4 backward.
 
-DeepSpeed's layout in our (B, T, H, D) order: batch_dim_idx=0, scatter_idx=2 (heads), gather_idx=1
-(sequence). Its even-split path is the one used (its uneven-head path is refused before it is reached).
+Each exchange is one call of DeepSpeed's operator on a (C, ...) tensor whose chunk i goes to group rank i;
+its declared backward is the same exchange of the gradient. It is an operator, not an autograd function
+around an all-to-all into a fresh buffer (DeepSpeed's `DistributedAttention`): torch.compile inlines such a
+function's body, and with torch 2.11 the traced graph's output then does not depend on its input, so the
+forward stays right while every gradient upstream of the attention (q/k/v projections, the LayerNorm
+before them) is zero (tests/training/test_context_parallel_ulysses.py compiles the attention and compares
+those gradients).
 """
 from __future__ import annotations
 
@@ -29,8 +34,7 @@ import torch.nn as nn
 
 Local = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-# our (B, T, H, D) layout in DeepSpeed's terms
-BATCH_DIM, HEAD_DIM, SEQ_DIM = 0, 2, 1
+HEAD_DIM = 2  # q/k/v/y are (B, T, H, D)
 
 
 def _divisible_choices(n_head: int, n_kv_head: int) -> str:
@@ -57,12 +61,26 @@ def _ensure_deepspeed_comm() -> None:
         dsc.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False)
 
 
-class _Trampoline(nn.Module):
-    """DistributedAttention's local attention: calls the `local` it is handed with each call (the module
-    that called us), so one wrapper serves every layer."""
+def _exchange(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """DeepSpeed's all-to-all over dim 0 (size C): chunk i goes to group rank i, chunk j of the result came
+    from group rank j; differentiable (its backward is the same exchange)."""
+    return torch.ops.deepspeed.dim_zero_all_to_all(x.contiguous(), group_name)
 
-    def forward(self, q, k, v, local: Local):
-        return local(q, k, v)
+
+def heads_to_sequence(x: torch.Tensor, size: int, group_name: str) -> torch.Tensor:
+    """(B, T/C, h, D) this rank's slice, all heads -> (B, T, h/C, D) the whole sequence, this rank's heads."""
+    B, Tc, h, D = x.shape
+    x = x.view(B, Tc, size, h // size, D).permute(2, 0, 1, 3, 4)  # (C, B, T/C, h/C, D): chunk i to rank i
+    x = _exchange(x, group_name)  # chunk j: rank j's slice of the sequence, our heads
+    return x.permute(1, 0, 2, 3, 4).reshape(B, size * Tc, h // size, D)
+
+
+def sequence_to_heads(y: torch.Tensor, size: int, group_name: str) -> torch.Tensor:
+    """(B, T, h/C, D) the whole sequence, this rank's heads -> (B, T/C, h, D) this rank's slice, all heads."""
+    B, T, hc, D = y.shape
+    y = y.view(B, size, T // size, hc, D).permute(1, 0, 2, 3, 4)  # (C, B, T/C, h/C, D): slice i to rank i
+    y = _exchange(y, group_name)  # chunk j: our slice, rank j's heads
+    return y.permute(1, 2, 0, 3, 4).reshape(B, T // size, size * hc, D)
 
 
 class UlyssesAttention:
@@ -70,15 +88,16 @@ class UlyssesAttention:
     nn.Module: set on every attention module, it must add no parameters, buffers or submodules."""
 
     def __init__(self, group: Optional[dist.ProcessGroup] = None):
-        from deepspeed.sequence.layer import DistributedAttention
-
         if not dist.is_initialized():
             raise ValueError("UlyssesAttention needs torch.distributed initialised (the context group's ranks)")
         _ensure_deepspeed_comm()
+        from deepspeed.sequence.layer import register_all_to_all_group  # registers the operator too
+
         self.group = group if group is not None else dist.group.WORLD
         self.size = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)  # this rank's slice of each window
-        self._dist = DistributedAttention(_Trampoline(), self.group, scatter_idx=HEAD_DIM, gather_idx=SEQ_DIM)
+        # the operator finds the group by name; registered here, outside any compiled region
+        self.group_name = register_all_to_all_group(self.group)
 
     def __repr__(self) -> str:
         return f"UlyssesAttention(size={self.size}, rank={self.rank})"
@@ -87,7 +106,8 @@ class UlyssesAttention:
         check_heads(q.shape[HEAD_DIM], k.shape[HEAD_DIM], self.size)
         if self.size == 1:
             return local(q, k, v)
-        return self._dist(q, k, v, BATCH_DIM, None, local)
+        q, k, v = (heads_to_sequence(t, self.size, self.group_name) for t in (q, k, v))
+        return sequence_to_heads(local(q, k, v), self.size, self.group_name)
 
 
 def _attention_modules(model: nn.Module):

@@ -18,6 +18,8 @@ Places `ckpt_write` / `ckpt_commit`: Checkpointer.save(<step>), SIGKILL the whol
 Model forward (`install`), training only; the trainer must catch these before the optimizer step:
     nan_loss     the loss of step <step> is NaN (and so is every gradient)
     nan_grad     the loss of step <step> is finite but every gradient is NaN
+    lost_grad    step <step>'s attention outputs reach the output projection detached: the q/k/v weights
+                 get no gradient (a backward that never ran; training/gradient_check.py must stop the run)
 
 The variable is parsed once per value: unset, `reach` costs one environment lookup.
 """
@@ -79,6 +81,7 @@ POINTS: Dict[str, Tuple[str, Callable[[], None] | None]] = {
     "ckpt_commit": ("ckpt_commit", kill_job),
     "nan_loss": ("loss", None),
     "nan_grad": ("loss", None),
+    "lost_grad": ("loss", None),
 }
 
 
@@ -142,3 +145,14 @@ def install(model: torch.nn.Module, current_step: Callable[[], int], rank: int) 
         return loss
 
     model.register_forward_hook(hook)
+
+    def cut(module, args):  # before the attention's output projection
+        if module.training and asked("lost_grad", current_step(), rank):
+            return (args[0].detach(),)
+        return None
+
+    from model.attention import CausalSelfAttention
+
+    for m in model.modules():
+        if isinstance(m, CausalSelfAttention):
+            m.proj.register_forward_pre_hook(cut)
