@@ -180,9 +180,8 @@ class Cell:
             return None
         tries = self.tries()
         last = (prev.get("recompute"), prev.get("micro_batch"))
-        if last not in tries or tries.index(last) + 1 == len(tries):
-            return None
-        return tries.index(last) + 1
+        after = tries.index(last) + 1 if last in tries else len(tries)
+        return after if after < len(tries) else None
 
     def run(self, start: int = 0) -> dict:
         """The cell's record, from try `start` of tries() on."""
