@@ -54,7 +54,8 @@ done
 # the one-GPU baseline in the tables when it was measured, by this call or an earlier one
 [ -f $OUT/n1_8k/summary.json ] && [[ " ${DONE[*]-} " != *" $OUT/n1_8k "* ]] && DONE=($OUT/n1_8k "${DONE[@]}")
 [ ${#DONE[@]} -gt 0 ] || { echo "no run measured"; exit 1; }
-python3 bench/summarize_runs.py --warmup 3 --baseline $OUT/n1_8k "${DONE[@]}"
+BASE=(); [ -f $OUT/n1_8k/summary.json ] && BASE=(--baseline $OUT/n1_8k)
+python3 bench/summarize_runs.py --warmup 3 "${BASE[@]}" "${DONE[@]}"
 python3 - "${DONE[@]}" <<'PY'
 # Model FLOPs per token of each run (GPTConfig.flops_per_token, causal-aware) over 8k's: the per-token
 # cost the formula predicts, to set beside the measured "per GPU vs n1_8k" column (its inverse).
