@@ -21,13 +21,12 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import psutil
+from process_tree import Launch  # bench/, beside this file
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = str(REPO / "launch" / "train.py")
@@ -83,58 +82,11 @@ def newest_step(run_dir: Path, since: float) -> int:
     return best
 
 
-def kill_all(procs) -> None:
-    """SIGKILL the torchrun agent first (so it cannot react), then its workers."""
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=30)
-
-
-class Launch:
-    """One torchrun launch in its own session, output to a log file; tracks its process tree so no
-    worker survives it (torchrun starts each worker in a new session)."""
-
-    def __init__(self, cmd, env, log_path: Path):
-        self.log_path = log_path
-        self.log = open(log_path, "ab")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        self.tree = [psutil.Process(self.proc.pid)]
-
-    def poll(self):
-        try:  # refresh the snapshot of the tree while the agent lives
-            self.tree = [self.tree[0], *self.tree[0].children(recursive=True)]
-        except psutil.Error:
-            pass
-        return self.proc.poll()
-
-    def kill(self) -> None:
-        self.poll()
-        kill_all(self.tree)
-        self.proc.wait()
-
-    def finish(self, deadline: float):
-        while self.poll() is None:
-            if time.monotonic() > deadline:
-                self.kill()
-                raise TimeoutError(f"launch timed out; log: {self.log_path}")
-            time.sleep(0.05)
-        kill_all([p for p in self.tree[1:] if p.is_running()])  # stragglers of a killed agent
-        self.log.close()
-        return self.proc.returncode
-
-    def tail(self, n=3000) -> str:
-        return self.log_path.read_text(errors="replace")[-n:]
-
-
 def attempt(cmd, run_dir: Path, kill: tuple, log_path: Path) -> str:
     """One launch with one kill; returns what happened."""
     kind = kill[0]
     since = time.time()
-    launch = Launch(cmd, environment(kill[1] if kind == "hook" else None), log_path)
+    launch = Launch(cmd, log_path, env=environment(kill[1] if kind == "hook" else None), cwd=REPO)
     deadline = time.monotonic() + TIMEOUT
     if kind in ("time", "after_ckpt"):
         latest = run_dir / "checkpoints" / "latest"
@@ -161,7 +113,7 @@ def trial(work: Path, cache_dir, name: str, steps: int, kills: list, nproc=2) ->
     events = []
     for i, kill in enumerate(kills):
         events.append(attempt(cmd, work / name, kill, work / f"{name}.{i}.log"))
-    final = Launch(cmd, environment(), work / f"{name}.final.log")
+    final = Launch(cmd, work / f"{name}.final.log", env=environment(), cwd=REPO)
     code = final.finish(time.monotonic() + TIMEOUT)
     if code != 0:
         raise RuntimeError(f"resume after {events} failed (exit {code}):\n{final.tail()}")
@@ -170,7 +122,8 @@ def trial(work: Path, cache_dir, name: str, steps: int, kills: list, nproc=2) ->
 
 def straight(work: Path, cache_dir, steps: int, nproc=2) -> dict:
     name = f"straight_{nproc}x{steps}"
-    launch = Launch(command(work, cache_dir, name, steps, nproc), environment(), work / f"{name}.log")
+    launch = Launch(command(work, cache_dir, name, steps, nproc), work / f"{name}.log", env=environment(),
+                    cwd=REPO)
     code = launch.finish(time.monotonic() + TIMEOUT)
     if code != 0:
         raise RuntimeError(f"uninterrupted run failed (exit {code}):\n{launch.tail()}")

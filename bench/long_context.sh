@@ -9,12 +9,12 @@
 #   LONGEST="131072 262144" STEPS=6 bash bench/long_context.sh /tmp/lc     # the windows tried after 64k
 #   ONLY="n1_8k" bash bench/long_context.sh /tmp/lc      # just these runs (names as printed)
 # STEPS optimizer steps per run (the last one under the profiler, left out of the medians), GB sequences
-# per optimizer step, RUN_TIMEOUT seconds per run, EXTRA more overrides for every run. A run whose folder
-# in out_dir holds its summary.json already is kept, not run again: a sweep cut short goes on where it
-# stopped when called again with the same out_dir.
+# per optimizer step, RUN_TIMEOUT seconds per run, EXTRA more overrides for every run, BASELINE_GPU the GPU
+# of the one-GPU 8k run (0). A run whose folder in out_dir holds its summary.json already is kept, not run
+# again: a sweep cut short goes on where it stopped when called again with the same out_dir.
 set -uo pipefail
-STEPS=${STEPS:-8}; GB=${GB:-8}; OUT=${1:-/tmp/long_context}; LONGEST=${LONGEST-131072}
-RUN_TIMEOUT=${RUN_TIMEOUT:-420}; EXTRA=${EXTRA:-}; ONLY=${ONLY:-}
+STEPS=${STEPS:-8}; GB=${GB:-8}; OUT=${1:-/tmp/long_context}; LONGEST=${LONGEST-131072 262144}
+RUN_TIMEOUT=${RUN_TIMEOUT:-420}; EXTRA=${EXTRA:-}; ONLY=${ONLY:-}; BASELINE_GPU=${BASELINE_GPU:-0}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 COMMON="train.max_steps=$STEPS train.profile_step=$STEPS train.global_batch_size=$GB train.eval_interval=0 \
 train.ckpt_interval=0 train.save_final=false logging.progress=false logging.wandb=disabled train.out_dir=$OUT \
@@ -25,25 +25,37 @@ python3 launch/prepare_data.py --config gpt_1.3b_64k.yaml data.cache_dir=$OUT/ca
 DONE=()
 run() {  # name nproc config overrides...
   local name=$1 n=$2 cfg=$3; shift 3
-  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then return 0; fi
+  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then return 2; fi  # 2: not selected
   if [ -f $OUT/$name/summary.json ]; then DONE+=($OUT/$name); echo "$name: ok (earlier call)"; return 0; fi
   if timeout $RUN_TIMEOUT torchrun --standalone --nproc_per_node=$n launch/train.py --config $cfg $COMMON \
       train.run_name=$name "$@" > $OUT/$name.log 2>&1; then
     DONE+=($OUT/$name); echo "$name: ok"
   elif grep -q "out of GPU memory" $OUT/$name.log; then
-    echo "$name: out of GPU memory ($(grep -m1 -o 'out of GPU memory[^;]*' $OUT/$name.log))"; return 1
+    echo "$name: out of GPU memory ($(grep -m1 -o 'out of GPU memory[^;]*' $OUT/$name.log))"; return 3
   else
     echo "$name: FAILED (see $OUT/$name.log)"; tail -5 $OUT/$name.log; return 1
   fi
 }
-CUDA_VISIBLE_DEVICES=0 run n1_8k 1 gpt_1.3b_8k.yaml
+CUDA_VISIBLE_DEVICES=$BASELINE_GPU run n1_8k 1 gpt_1.3b_8k.yaml
 run c4_32k 4 gpt_1.3b_32k.yaml
 run c2d2_32k 4 gpt_1.3b_32k.yaml engine.context_parallel_size=2
 run c4_64k 4 gpt_1.3b_64k.yaml
-for seq in $LONGEST; do  # longer windows on the 64k config until one does not fit
-  run c4_$(( seq / 1024 ))k 4 gpt_1.3b_64k.yaml model.seq_len=$seq || break
+recompute=""  # set once a window needs it: the longer ones are tried with it only
+for seq in $LONGEST; do  # longer windows on the 64k config until one does not fit even with recomputation
+  name=c4_$(( seq / 1024 ))k; rc=2
+  [ -n "$recompute" ] || { run $name 4 gpt_1.3b_64k.yaml model.seq_len=$seq; rc=$?; }
+  if [ $rc -ge 2 ]; then  # out of memory or not selected: the MLP's GELU and the attention recomputed
+    recompute=1
+    run ${name}_recompute 4 gpt_1.3b_64k.yaml model.seq_len=$seq model.recompute_gelu=true \
+      model.recompute_attention=true; rc=$?
+  fi
+  [ $rc -eq 1 ] || [ $rc -eq 3 ] && break
 done
-python3 bench/summarize_runs.py --warmup 3 --baseline $OUT/n1_8k "${DONE[@]}"
+# the one-GPU baseline in the tables when it was measured, by this call or an earlier one
+[ -f $OUT/n1_8k/summary.json ] && [[ " ${DONE[*]-} " != *" $OUT/n1_8k "* ]] && DONE=($OUT/n1_8k "${DONE[@]}")
+[ ${#DONE[@]} -gt 0 ] || { echo "no run measured"; exit 1; }
+BASE=(); [ -f $OUT/n1_8k/summary.json ] && BASE=(--baseline $OUT/n1_8k)
+python3 bench/summarize_runs.py --warmup 3 "${BASE[@]}" "${DONE[@]}"
 python3 - "${DONE[@]}" <<'PY'
 # Model FLOPs per token of each run (GPTConfig.flops_per_token, causal-aware) over 8k's: the per-token
 # cost the formula predicts, to set beside the measured "per GPU vs n1_8k" column (its inverse).

@@ -35,12 +35,14 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from process_tree import Launch, terminate_raises  # noqa: E402  (bench/, beside this file)
 from training.config import load_config  # noqa: E402
 from training.telemetry.summary import read_jsonl  # noqa: E402
 
@@ -103,6 +105,12 @@ def model_state_gb(cfg, nproc: int) -> float:
 
 def gpu_name() -> str:
     return query_gpu("name") or "cpu"
+
+
+def run_training(cmd: List[str], log: Path, timeout_s: float) -> int:
+    """One cell's torchrun in the repository root, its output in `log`; its exit code. Past `timeout_s`,
+    or if this tool is stopped, the launch and every worker are killed (TimeoutError, or the stop goes on)."""
+    return Launch(cmd, log, cwd=ROOT, append=False).finish(time.monotonic() + timeout_s)
 
 
 def cell_key(rec: dict) -> tuple:
@@ -180,9 +188,8 @@ class Cell:
             return None
         tries = self.tries()
         last = (prev.get("recompute"), prev.get("micro_batch"))
-        if last not in tries or tries.index(last) + 1 == len(tries):
-            return None
-        return tries.index(last) + 1
+        after = tries.index(last) + 1 if last in tries else len(tries)
+        return after if after < len(tries) else None
 
     def run(self, start: int = 0) -> dict:
         """The cell's record, from try `start` of tries() on."""
@@ -207,9 +214,11 @@ class Cell:
             log = Path(self.args.out_dir) / f"{run_dir.name}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             print(f"[{self.name}] {' '.join(cmd[3:])}", flush=True)
-            with open(log, "w") as f:
-                code = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                                      timeout=self.args.run_timeout).returncode
+            try:
+                code = run_training(cmd, log, self.args.run_timeout)
+            except TimeoutError:
+                raise SystemExit(f"[{self.name}] launch/train.py ran past --run-timeout {self.args.run_timeout:.0f} s "
+                                 f"and was stopped; log {log}") from None
             text = log.read_text(errors="replace")
             rec.update(recompute=recompute, micro_batch=micro, run_dir=str(run_dir), log=str(log),
                        command=" ".join(cmd[1:]))
@@ -330,7 +339,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--force", action="store_true", help="run cells already in the results file again")
     p.add_argument("--table-only", action="store_true", help="no runs: the table and chart of the results file")
     p.add_argument("--chart", default=None, help="PNG path (default: <out-dir>/paper_table_<N>gpu.png)")
-    p.add_argument("--run-timeout", type=float, default=3600, help="seconds before a run is stopped")
+    p.add_argument("--run-timeout", type=float, default=3600,
+                   help="seconds before a run is stopped (with its workers)")
     p.add_argument("override", nargs="*", help="key=value overrides for every run (e.g. train.compile=false)")
     args = p.parse_args(argv)
     for o in args.override:
@@ -380,4 +390,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    terminate_raises()  # a stopped table (timeout, SIGTERM) stops its run's workers too
     sys.exit(main())

@@ -1,7 +1,7 @@
 """Summarise run folders' metrics.jsonl as a markdown table (steps after a warm-up).
 
     python bench/summarize_runs.py --warmup 3 runs/a runs/b ...
-Per run: GPUs, median tokens/s per GPU, model TFLOP/s per GPU (paper and causal), MFU, peak memory
+Per run: GPUs, median tokens/s per GPU, model TFLOP/s per GPU and MFU (paper and causal), peak memory
 (max over steps of the allocator's peak), and the losses of every step (to compare runs). A step run
 under the profiler (train.profile_step) is left out of the medians (the profiler slows it); its shares
 of GPU kernel time (attention / matmul / communication / other) get a column.
@@ -22,6 +22,7 @@ def summarize(run_dir: Path, warmup: int) -> dict:
     cfg = (run_dir / "config.yaml").read_text() if (run_dir / "config.yaml").exists() else ""
     return {"run": run_dir.name, "tok_gpu": med("tokens_per_s_per_gpu"), "tflops": med("tflops_paper"),
             "tflops_c": med("tflops_causal"), "mfu": med("mfu_paper") if timed and timed[0].get("mfu_paper") else None,
+            "mfu_c": med("mfu_causal") if timed and timed[0].get("mfu_causal") else None,
             "mem": max((r.get("mem_max_alloc_gb") or 0) for r in train) if train else 0,
             "losses": [round(r["loss"], 4) for r in train], "config": cfg,
             "shares": None if profiled is None else " / ".join(
@@ -44,14 +45,15 @@ def main(argv=None) -> int:
     rows = [summarize(Path(d), args.warmup) for d in args.runs]
     shares = any(s["shares"] for s in rows)
     head = " GPU time: " + " / ".join(SHARES) + " (profiled step) |" if shares else ""
-    print("| run | tokens/s per GPU | TFLOP/s per GPU (paper) | (causal) | MFU | peak mem GB |" + extra + head
+    print("| run | tokens/s per GPU | TFLOP/s per GPU (paper) | (causal) | MFU (paper) | (causal) | peak mem GB |"
+          + extra + head
           + " losses |")
-    print("|---|---|---|---|---|---|" + ("---|" if base else "") + ("---|" if shares else "") + "---|")
+    print("|---|---|---|---|---|---|---|" + ("---|" if base else "") + ("---|" if shares else "") + "---|")
     for s in rows:
-        mfu = "n/a" if s["mfu"] is None else f"{100 * s['mfu']:.1f}%"
+        mfu, mfu_c = ("n/a" if m is None else f"{100 * m:.1f}%" for m in (s["mfu"], s["mfu_c"]))
         ratio = f" {s['tok_gpu'] / base:.3f} |" if base else ""
         share = f" {s['shares'] or '-'} |" if shares else ""
-        print(f"| {s['run']} | {s['tok_gpu'] / 1e3:.1f}k | {s['tflops']:.0f} | {s['tflops_c']:.0f} | {mfu} | "
+        print(f"| {s['run']} | {s['tok_gpu'] / 1e3:.1f}k | {s['tflops']:.0f} | {s['tflops_c']:.0f} | {mfu} | {mfu_c} | "
               f"{s['mem']:.1f} |{ratio}{share} {' '.join(map(str, s['losses']))} |")
     return 0
 

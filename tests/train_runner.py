@@ -76,18 +76,20 @@ def losses(run_dir: Path, key: str = "loss") -> dict:
     return out
 
 
-# in-process runs (Trainer.fit on one rank): no evaluation or checkpoints, no W&B
-IN_PROCESS = ["model.n_layer=2", "model.seq_len=64", "train.global_batch_size=8", "train.micro_batch_size=4",
-              "train.eval_interval=0", "train.ckpt_interval=0", "logging.progress=false", "logging.wandb=disabled"]
+# in-process runs (Trainer.fit on one rank): FAST without evaluation, checkpoints or W&B (later keys win)
+IN_PROCESS = [*FAST, "train.eval_interval=0", "train.ckpt_interval=0", "logging.wandb=disabled"]
 
 
 def fit(tmp_path, cache_dir, name, *overrides, fault=None, monkeypatch=None):
     """Trainer.fit of tiny_cpu for 5 steps in this process, FLASHGPT_FAULT set to `fault` (or unset);
-    returns the trainer with .records = {step: its metrics} (also when fit raised)."""
+    returns the trainer with .records = {step: its metrics} (also when fit raised). The fault plan that
+    training/resilience/faults.py caches is put back when the test ends."""
     from training.config import load_config
     from training.distributed import DistInfo
+    from training.resilience import faults
     from training.trainer import Trainer
 
+    monkeypatch.setattr(faults, "_parsed", faults._parsed)
     if fault:
         monkeypatch.setenv("FLASHGPT_FAULT", fault)
     else:

@@ -86,7 +86,7 @@ class Trainer:
         self.gradients_checked = False  # the attention's gradients, after this process's first backward
         self.abandoned_after = 0  # micro-batches of the step a signal stopped (train_step)
         self.watchdog: Optional[HangWatchdog] = None  # several ranks with train.hang_timeout_s > 0 (fit)
-        faults.install(engine.model, lambda: self.step + 1, dist.rank)  # tests only: nan_loss / nan_grad
+        faults.install(engine.model, lambda: self.step + 1, dist.rank)  # tests only: nan_*, lost_grad
 
     @classmethod
     def build(cls, cfg: Config, dist: DistInfo) -> "Trainer":

@@ -100,21 +100,20 @@ def test_two_columns_on_the_tiny_config(tmp_path, capsys):
 
 
 class FakeTrain:
-    """subprocess.run in place of torchrun: records each command; a run named in `oom` prints the
+    """paper_table.run_training in place of torchrun: records each command; a run named in `oom` prints the
     out-of-memory line and exits 2, any other writes a metrics.jsonl of 4 steps and its summary.json and
     exits 0."""
 
     def __init__(self, oom=()):
-        self.commands, self.cwds, self.oom = [], [], set(oom)
+        self.commands, self.oom = [], set(oom)
 
-    def __call__(self, cmd, cwd=None, stdout=None, stderr=None, timeout=None, **kw):
+    def __call__(self, cmd, log, timeout_s):
         self.commands.append(cmd)
-        self.cwds.append(cwd)
         args = dict(a.split("=", 1) for a in cmd if "=" in a and not a.startswith("--"))
         run_dir = Path(args["train.out_dir"]) / args["train.run_name"]
         if args["train.run_name"] in self.oom:
-            stdout.write("out of memory: out of GPU memory in the backward (...)\n")
-            return type("Done", (), {"returncode": 2})()
+            log.write_text("out of memory: out of GPU memory in the backward (...)\n")
+            return 2
         run_dir.mkdir(parents=True, exist_ok=True)
         records = [{"step": step, "loss": 5.0, "tokens_per_s_per_gpu": 1000.0 * step, "tflops_paper": 100.0 * step,
                     "tflops_causal": 80.0 * step, "mfu_paper": 0.1 * step, "mem_max_alloc_gb": 50.0}
@@ -123,12 +122,13 @@ class FakeTrain:
         # what the run's logger writes when it ends (training/telemetry/logging.py)
         write_summary(run_dir / "summary.json",
                       steady_summary(records, int(args["logging.summary_warmup_steps"])))
-        return type("Done", (), {"returncode": 0})()
+        log.write_text("done\n")
+        return 0
 
 
 def _cell(tmp_path, monkeypatch, attention, seq, memory_gb, oom=(), model="1.3b", extra=()):
     fake = FakeTrain(oom)
-    monkeypatch.setattr(paper_table.subprocess, "run", fake)
+    monkeypatch.setattr(paper_table, "run_training", fake)
     monkeypatch.setattr(paper_table, "gpu_memory_gb", lambda: memory_gb)
     args = paper_table.parse_args(["--out-dir", str(tmp_path), "--steps", "4", "--warmup", "2", *extra])
     rec = paper_table.Cell(args, model, seq, attention, "NVIDIA H100 80GB HBM3").run()
@@ -159,7 +159,7 @@ def test_math_recomputed_out_of_memory_halves_the_micro_batch(tmp_path, monkeypa
     """8k, micro-batch 2: recomputed still out of memory, then micro-batch 1 with the same 4 sequences per
     step (4 micro-batches accumulated): the cell, marked * and mb1."""
     fake = FakeTrain(oom=["1.3b-8k-math-1gpu-recompute"])
-    monkeypatch.setattr(paper_table.subprocess, "run", fake)
+    monkeypatch.setattr(paper_table, "run_training", fake)
     monkeypatch.setattr(paper_table, "gpu_memory_gb", lambda: 80.0)
     args = paper_table.parse_args(["--out-dir", str(tmp_path), "--steps", "4", "--warmup", "2"])
     rec = paper_table.Cell(args, "1.3b", 8192, "math", "NVIDIA H100 80GB HBM3").run()
@@ -194,12 +194,12 @@ def test_a_relative_out_dir_is_the_callers_and_the_run_starts_in_the_repository(
     repository (its launch/train.py path is relative there): the run folder and the results file land in
     the caller's folder."""
     fake = FakeTrain()
-    monkeypatch.setattr(paper_table.subprocess, "run", fake)
+    monkeypatch.setattr(paper_table, "run_training", fake)
     monkeypatch.setattr(paper_table, "gpu_memory_gb", lambda: 80.0)
     monkeypatch.chdir(tmp_path)
     args = paper_table.parse_args(["--out-dir", "pt", "--steps", "4", "--warmup", "2"])
     rec = paper_table.Cell(args, "1.3b", 2048, "flash", "NVIDIA H100 80GB HBM3").run()
-    assert fake.cwds == [paper_table.ROOT] and "launch/train.py" in fake.commands[0]
+    assert "launch/train.py" in fake.commands[0]
     assert (paper_table.ROOT / fake.commands[0][fake.commands[0].index("launch/train.py")]).is_file()
     assert Path(rec["run_dir"]) == tmp_path / "pt" / "1.3b-2k-flash-1gpu" and (tmp_path / "pt" / "1.3b-2k-flash-1gpu").is_dir()
     assert args.results == tmp_path / "pt" / "cells.jsonl"
@@ -210,7 +210,7 @@ def test_a_cell_held_out_of_memory_goes_on_at_its_next_try(tmp_path, monkeypatch
     then ended there): the next call runs micro-batch 1 only and appends the cell; a cell held as run, or
     out of memory at its ladder's last try, is skipped."""
     fake = FakeTrain()
-    monkeypatch.setattr(paper_table.subprocess, "run", fake)
+    monkeypatch.setattr(paper_table, "run_training", fake)
     monkeypatch.setattr(paper_table, "gpu_memory_gb", lambda: 80.0)
     monkeypatch.setattr(paper_table, "gpu_name", lambda: "NVIDIA H100 80GB HBM3")
     results = tmp_path / "cells.jsonl"

@@ -11,7 +11,7 @@ def fake_run(folder: Path, tok_per_gpu, profiled_step=None):
     shares = {"time_share_attention": 0.3, "time_share_matmul": 0.5, "time_share_communication": 0.15,
               "time_share_other": 0.05}
     lines = [json.dumps({"step": i + 1, "loss": 10.0 - i, "tokens_per_s_per_gpu": t, "tflops_paper": t / 100,
-                         "tflops_causal": t / 200, "mfu_paper": 0.5, "mem_max_alloc_gb": 1.0 + i,
+                         "tflops_causal": t / 200, "mfu_paper": 0.5, "mfu_causal": 0.25, "mem_max_alloc_gb": 1.0 + i,
                          **(shares if i + 1 == profiled_step else {})})
              for i, t in enumerate(tok_per_gpu)]
     (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
@@ -27,6 +27,7 @@ def test_baseline_column_is_the_per_gpu_ratio(tmp_path, capsys):
     n1, n8 = [r for r in out.splitlines() if r.startswith("| n")]
     assert "| 1.000 |" in n1 and "| 0.920 |" in n8  # median of 900/950/920 over 1000; warm-up ignored
     assert "| 6.0 |" in n8  # peak memory: max over all steps
+    assert "| 50.0% | 25.0% |" in n8  # MFU by the paper's formula, then causal-aware
 
 
 def test_the_profiled_step_is_left_out_and_its_shares_shown(tmp_path, capsys):

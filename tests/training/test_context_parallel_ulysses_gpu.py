@@ -66,14 +66,14 @@ def _worker(rank: int, port: int):
         x = torch.randn(B, T, cfg.d_model, device="cuda")
         w = torch.randn(B, T, cfg.d_model, device="cuda")
         xf = x.clone().requires_grad_()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            (attn(xf).float() * w).sum().backward()
+        with torch.autocast("cuda", dtype=torch.bfloat16):  # RoPE tables (T, D/2) of the full window
+            (attn(xf, (model.rope_cos, model.rope_sin)).float() * w).sum().backward()
         want = {n: p.grad.clone() for n, p in attn.named_parameters()}
         attn.zero_grad()
         attach(model)
         xs = x[:, s].clone().requires_grad_()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            y = torch.compile(attn, fullgraph=True)(xs)
+            y = torch.compile(attn, fullgraph=True)(xs, (model.rope_cos[s], model.rope_sin[s]))
             (y.float() * w[:, s]).sum().backward()
         _close(xs.grad, xf.grad[:, s], f"compiled dx rank {rank}")
         for n, p in attn.named_parameters():
