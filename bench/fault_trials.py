@@ -82,11 +82,16 @@ def newest_step(run_dir: Path, since: float) -> int:
     return best
 
 
+def start(cmd, env, log_path: Path) -> Launch:
+    """One launch of `cmd` in the repository root with `env`, appending to `log_path`."""
+    return Launch(cmd, log_path, env=env, cwd=REPO)
+
+
 def attempt(cmd, run_dir: Path, kill: tuple, log_path: Path) -> str:
     """One launch with one kill; returns what happened."""
     kind = kill[0]
     since = time.time()
-    launch = Launch(cmd, log_path, env=environment(kill[1] if kind == "hook" else None), cwd=REPO)
+    launch = start(cmd, environment(kill[1] if kind == "hook" else None), log_path)
     deadline = time.monotonic() + TIMEOUT
     if kind in ("time", "after_ckpt"):
         latest = run_dir / "checkpoints" / "latest"
@@ -113,7 +118,7 @@ def trial(work: Path, cache_dir, name: str, steps: int, kills: list, nproc=2) ->
     events = []
     for i, kill in enumerate(kills):
         events.append(attempt(cmd, work / name, kill, work / f"{name}.{i}.log"))
-    final = Launch(cmd, work / f"{name}.final.log", env=environment(), cwd=REPO)
+    final = start(cmd, environment(), work / f"{name}.final.log")
     code = final.finish(time.monotonic() + TIMEOUT)
     if code != 0:
         raise RuntimeError(f"resume after {events} failed (exit {code}):\n{final.tail()}")
@@ -122,8 +127,7 @@ def trial(work: Path, cache_dir, name: str, steps: int, kills: list, nproc=2) ->
 
 def straight(work: Path, cache_dir, steps: int, nproc=2) -> dict:
     name = f"straight_{nproc}x{steps}"
-    launch = Launch(command(work, cache_dir, name, steps, nproc), work / f"{name}.log", env=environment(),
-                    cwd=REPO)
+    launch = start(command(work, cache_dir, name, steps, nproc), environment(), work / f"{name}.log")
     code = launch.finish(time.monotonic() + TIMEOUT)
     if code != 0:
         raise RuntimeError(f"uninterrupted run failed (exit {code}):\n{launch.tail()}")

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # GPT-1.3B at long context on one node (engine.context_parallel_size, docs/engines.md): 32k and 64k with
-# the context split over 4 GPUs, 32k as 2 context x 2 data-parallel GPUs, longer windows until one runs out
-# of memory, and 8k on one GPU as the per-token baseline. Per run: tokens/s, model TFLOP/s per GPU (paper
+# the context split over 4 GPUs, 32k as 2 context x 2 data-parallel GPUs, longer windows (with recomputation,
+# then FSDP2, where memory needs them) until one does not fit, and 8k on one GPU as the per-token baseline. Per run: tokens/s, model TFLOP/s per GPU (paper
 # and causal-aware), MFU, peak memory, and the last step profiled: its GPU kernel time by class, the
 # all-to-alls under "communication" (training/telemetry/profiling.py); then the per-token cost against
 # 8k beside what the FLOP formula predicts. Usage (the GPU machine, repo root, 4 GPUs):
 #   bash bench/long_context.sh [out_dir]
 #   LONGEST="131072 262144" STEPS=6 bash bench/long_context.sh /tmp/lc     # the windows tried after 64k
+#   ONLY="c4_128k c4_128k_recompute c4_128k_fsdp" ...   # one window's ladder (see below)
 #   ONLY="n1_8k" bash bench/long_context.sh /tmp/lc      # just these runs (names as printed)
 # STEPS optimizer steps per run (the last one under the profiler, left out of the medians), GB sequences
 # per optimizer step, RUN_TIMEOUT seconds per run, EXTRA more overrides for every run, BASELINE_GPU the GPU
@@ -40,15 +41,22 @@ CUDA_VISIBLE_DEVICES=$BASELINE_GPU run n1_8k 1 gpt_1.3b_8k.yaml
 run c4_32k 4 gpt_1.3b_32k.yaml
 run c2d2_32k 4 gpt_1.3b_32k.yaml engine.context_parallel_size=2
 run c4_64k 4 gpt_1.3b_64k.yaml
-recompute=""  # set once a window needs it: the longer ones are tried with it only
-for seq in $LONGEST; do  # longer windows on the 64k config until one does not fit even with recomputation
-  name=c4_$(( seq / 1024 ))k; rc=2
-  [ -n "$recompute" ] || { run $name 4 gpt_1.3b_64k.yaml model.seq_len=$seq; rc=$?; }
-  if [ $rc -ge 2 ]; then  # out of memory or not selected: the MLP's GELU and the attention recomputed
-    recompute=1
-    run ${name}_recompute 4 gpt_1.3b_64k.yaml model.seq_len=$seq model.recompute_gelu=true \
-      model.recompute_attention=true; rc=$?
-  fi
+# Longer windows on the 64k config, each up a ladder until a rung fits: as configured; the MLP's GELU and
+# the attention recomputed in the backward; and those with FSDP2 (weights, gradients and AdamW moments
+# sharded over the 4 GPUs: ~16 GB less each for 1.3B). A longer window starts at the rung the last needed;
+# the sweep ends at the first window no rung fits.
+RUNGS=("" "_recompute" "_fsdp")
+RUNG_ARGS=("" "model.recompute_gelu=true model.recompute_attention=true"
+           "model.recompute_gelu=true model.recompute_attention=true engine.parallel=fsdp")
+first=0
+for seq in $LONGEST; do  # longer windows
+  rc=3
+  for ((i = first; i < ${#RUNGS[@]}; i++)); do
+    # shellcheck disable=SC2086  # RUNG_ARGS holds several overrides
+    run c4_$(( seq / 1024 ))k${RUNGS[$i]} 4 gpt_1.3b_64k.yaml model.seq_len=$seq ${RUNG_ARGS[$i]}; rc=$?
+    [ $rc -eq 0 ] || [ $rc -eq 1 ] && break  # trained, or failed otherwise than by memory: no next rung
+    [ $rc -eq 3 ] && first=$(( i + 1 < ${#RUNGS[@]} ? i + 1 : i ))  # out of memory: longer windows start higher
+  done
   [ $rc -eq 1 ] || [ $rc -eq 3 ] && break
 done
 # the one-GPU baseline in the tables when it was measured, by this call or an earlier one

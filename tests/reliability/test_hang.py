@@ -14,7 +14,7 @@ TORCHRUN_GRACE_S = 30  # torchrun SIGKILLs a worker this long after its SIGTERM 
 def test_stopped_rank_ends_the_job_naming_it_then_resumes_exactly(work, cache_dir, reference, steps):
     name = "hang"
     cmd = ft.command(work, cache_dir, name, steps, extra=[f"train.hang_timeout_s={TIMEOUT_S}"])
-    launch = ft.Launch(cmd, ft.environment("stop:8:1"), work / f"{name}.log")  # rank 1 stops in step 8
+    launch = ft.start(cmd, ft.environment("stop:8:1"), work / f"{name}.log")  # rank 1 stops in step 8
     deadline = time.monotonic() + ft.TIMEOUT
     stopped_since = None
     while launch.poll() is None and stopped_since is None:
@@ -40,7 +40,7 @@ def test_stopped_rank_ends_the_job_naming_it_then_resumes_exactly(work, cache_di
     assert f"Rerun the same command: it continues from {work / name / 'checkpoints' / 'step_00000006'}" in line
     assert not stopped.is_running() or stopped.status() == psutil.STATUS_ZOMBIE
     launch.log_path.unlink()
-    final = ft.Launch(cmd, ft.environment(), work / f"{name}.final.log")
+    final = ft.start(cmd, ft.environment(), work / f"{name}.final.log")
     assert final.finish(time.monotonic() + ft.TIMEOUT) == 0, final.tail()
     assert ft.losses(work / name) == reference
 
@@ -51,7 +51,7 @@ def test_rank_stuck_in_python_ends_the_job_with_both_stacks(work, cache_dir, ste
     rank 1 as behind by a micro-batch (rank 0 waits for it at the next micro-batch boundary)."""
     name = "hang_alive"
     cmd = ft.command(work, cache_dir, name, steps, extra=[f"train.hang_timeout_s={TIMEOUT_S}"])
-    launch = ft.Launch(cmd, ft.environment("hang:5:1"), work / f"{name}.log")
+    launch = ft.start(cmd, ft.environment("hang:5:1"), work / f"{name}.log")
     code = launch.finish(time.monotonic() + ft.TIMEOUT)
     log = launch.tail(60000)
     assert code != 0 and log.count("exitcode  : 4") == 2, log

@@ -13,7 +13,7 @@ import fault_trials as ft  # bench/fault_trials.py (conftest puts bench/ on the 
 def stop_with_sigterm(work, cache_dir, name, steps, after_step, target):
     """Launch; once `after_step` is logged, SIGTERM `target` ('agent' or 'rank1'); wait for the end."""
     since = time.time()
-    launch = ft.Launch(ft.command(work, cache_dir, name, steps), ft.environment(), work / f"{name}.log")
+    launch = ft.start(ft.command(work, cache_dir, name, steps), ft.environment(), work / f"{name}.log")
     deadline = time.monotonic() + ft.TIMEOUT
     while ft.newest_step(work / name, since) < after_step:
         assert launch.poll() is None and time.monotonic() < deadline, launch.tail()
@@ -50,7 +50,7 @@ def test_sigterm_stops_all_ranks_at_one_step_and_resumes_exactly(work, cache_dir
     assert f"SIGTERM received: stopped at step {second}" in log
     assert log.count("Traceback") == log.count("got signal: 15") == 1, log  # only the agent's
     # 3) The same command again finishes the run: the loss curve equals the uninterrupted one.
-    launch = ft.Launch(ft.command(work, cache_dir, name, steps), ft.environment(), work / f"{name}.log")
+    launch = ft.start(ft.command(work, cache_dir, name, steps), ft.environment(), work / f"{name}.log")
     assert launch.finish(time.monotonic() + ft.TIMEOUT) == 0, launch.tail()
     assert ft.losses(work / name) == reference
 
@@ -60,7 +60,7 @@ def test_sigterm_single_process_exits_zero(tmp_path, cache_dir):
     cmd = ft.command(tmp_path, cache_dir, "single", 40, nproc=1)
     cmd = [cmd[0], *cmd[cmd.index(ft.TRAIN):]]  # python launch/train.py ... (no torchrun)
     since = time.time()
-    launch = ft.Launch(cmd, ft.environment(), tmp_path / "single.log")
+    launch = ft.start(cmd, ft.environment(), tmp_path / "single.log")
     while ft.newest_step(tmp_path / "single", since) < 2:
         assert launch.poll() is None, launch.tail()
         time.sleep(0.01)
@@ -77,7 +77,7 @@ SLOW = ["model.n_layer=4", "model.seq_len=128", "train.micro_batch_size=16",
 
 
 def slow_run(work, cache_dir, name, steps):
-    launch = ft.Launch(ft.command(work, cache_dir, name, steps, extra=SLOW), ft.environment(),
+    launch = ft.start(ft.command(work, cache_dir, name, steps, extra=SLOW), ft.environment(),
                        work / f"{name}.log")
     return launch, time.monotonic() + ft.TIMEOUT
 
@@ -119,7 +119,7 @@ def test_sigterm_mid_step_commits_within_a_micro_batch_and_resumes_exactly(work,
     # order (SIGINT first), so either may count as the second
     assert "Traceback" not in log and log.count("again: the stop after SIG") == 1, log
     assert stopped_at(work / name) == 1, log
-    assert f"SIGTERM received: stopped at step 1 with checkpoint" in log and "step 2 was abandoned after" in log, log
+    assert "SIGTERM received: stopped at step 1 with checkpoint" in log and "step 2 was abandoned after" in log, log
     print(f"step {step_s:.2f} s, micro-batch {micro_s:.2f} s; SIGTERM -> checkpoint committed {committed:.2f} s, "
           f"-> torchrun exited 0 {exited:.2f} s")
     assert committed < micro_s + 1.5, (committed, micro_s)  # one micro-batch plus a small save

@@ -95,7 +95,7 @@ import logging  # noqa: E402
 import os  # noqa: E402
 
 import training.resilience.checkpoint as ckmod  # noqa: E402
-from training.resilience.checkpoint import CheckpointError, verify  # noqa: E402
+from training.resilience.checkpoint import verify  # noqa: E402
 
 
 class ShardedEngine(FakeEngine):

@@ -51,7 +51,7 @@ def test_missing_run_errors_clearly(tmp_path):
 
 
 def test_runs_as_script_from_any_directory(tmp_path):
-    a, b = fake_run(tmp_path / "run_a", mfu=True), fake_run(tmp_path / "run_b", mfu=True)
+    fake_run(tmp_path / "run_a", mfu=True), fake_run(tmp_path / "run_b", mfu=True)
     r = subprocess.run([sys.executable, str(SCRIPT), "run_a", "run_b", "-o", "c.png"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

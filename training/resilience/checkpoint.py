@@ -22,7 +22,6 @@ checkpoint is data, and a pickled payload in it fails to load (counted as damage
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import pickle

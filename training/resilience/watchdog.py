@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable
 
 EXIT_CODE = 4  # launch/train.py's table: 2 bad input, 3 non-finite values, 4 hang
 FIRST_STEP_FACTOR = 4  # the first step of a session gets this many timeouts (20 min at the default 300 s)
@@ -193,8 +193,8 @@ class HangWatchdog:
                              f"{high[1]}; it is doing {alive[r]['doing']}")
         if not parts and unreadable:
             parts.append("the heartbeats of " + ", ".join(f"rank {r}" for r in unreadable) + " could not "
-                         f"be read (" + "; ".join(sorted(set(unreadable.values()))) + "): the rank hosting the "
-                         f"rendezvous store may be the stuck one")
+                         "be read (" + "; ".join(sorted(set(unreadable.values()))) + "): the rank hosting the "
+                         "rendezvous store may be the stuck one")
         if not parts:
             parts.append("every rank is alive and none finished its work (" + "; ".join(
                 f"rank {r}: {b['doing']}" for r, b in sorted(alive.items())) + "): a collective that "
