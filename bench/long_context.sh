@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # GPT-1.3B at long context on one node (engine.context_parallel_size, docs/engines.md): 32k and 64k with
-# the context split over 4 GPUs, 32k as 2 context x 2 data-parallel GPUs, longer windows (with recomputation,
-# then FSDP2, where memory needs them) until one does not fit, and 8k on one GPU as the per-token baseline. Per run: tokens/s, model TFLOP/s per GPU (paper
-# and causal-aware), MFU, peak memory, and the last step profiled: its GPU kernel time by class, the
-# all-to-alls under "communication" (training/telemetry/profiling.py); then the per-token cost against
-# 8k beside what the FLOP formula predicts. Usage (the GPU machine, repo root, 4 GPUs):
+# the context split over 4 GPUs, 32k as 2 context x 2 data-parallel GPUs, longer windows (with
+# recomputation, then FSDP2, where memory needs them) until one does not fit, and 8k on one GPU as the
+# per-token baseline. Per run: tokens/s, model TFLOP/s per GPU and MFU (paper and causal-aware), peak
+# memory, and the last step profiled: its GPU kernel time by class, the all-to-alls under "communication"
+# (training/telemetry/profiling.py); then the per-token cost against 8k beside what the FLOP formula
+# predicts. Usage (the GPU machine, repo root, 4 GPUs):
 #   bash bench/long_context.sh [out_dir]
 #   LONGEST="131072 262144" STEPS=6 bash bench/long_context.sh /tmp/lc     # the windows tried after 64k
 #   ONLY="c4_128k c4_128k_recompute c4_128k_fsdp" ...   # one window's ladder (see below)
@@ -59,10 +60,12 @@ for seq in $LONGEST; do  # longer windows
   done
   [ $rc -eq 1 ] || [ $rc -eq 3 ] && break
 done
-# the one-GPU baseline in the tables when it was measured, by this call or an earlier one
-[ -f $OUT/n1_8k/summary.json ] && [[ " ${DONE[*]-} " != *" $OUT/n1_8k "* ]] && DONE=($OUT/n1_8k "${DONE[@]}")
+BASE=()  # the one-GPU baseline, in the tables when it was measured (by this call or an earlier one)
+if [ -f $OUT/n1_8k/summary.json ]; then
+  BASE=(--baseline $OUT/n1_8k)
+  [[ " ${DONE[*]-} " == *" $OUT/n1_8k "* ]] || DONE=($OUT/n1_8k "${DONE[@]}")
+fi
 [ ${#DONE[@]} -gt 0 ] || { echo "no run measured"; exit 1; }
-BASE=(); [ -f $OUT/n1_8k/summary.json ] && BASE=(--baseline $OUT/n1_8k)
 python3 bench/summarize_runs.py --warmup 3 "${BASE[@]}" "${DONE[@]}"
 python3 - "${DONE[@]}" <<'PY'
 # Model FLOPs per token of each run (GPTConfig.flops_per_token, causal-aware) over 8k's: the per-token

@@ -46,8 +46,7 @@ def main(argv=None) -> int:
     shares = any(s["shares"] for s in rows)
     head = " GPU time: " + " / ".join(SHARES) + " (profiled step) |" if shares else ""
     print("| run | tokens/s per GPU | TFLOP/s per GPU (paper) | (causal) | MFU (paper) | (causal) | peak mem GB |"
-          + extra + head
-          + " losses |")
+          + extra + head + " losses |")
     print("|---|---|---|---|---|---|---|" + ("---|" if base else "") + ("---|" if shares else "") + "---|")
     for s in rows:
         mfu, mfu_c = ("n/a" if m is None else f"{100 * m:.1f}%" for m in (s["mfu"], s["mfu_c"]))
