@@ -5,6 +5,9 @@ template parameter may have been removed), as are line info and the numbering of
 nvcc only (CUDA_HOME or /usr/local/cuda).
 
     python dev/ptx_compare.py OLD_ROOT NEW_ROOT     # each a checkout (or `git archive` of one)
+    python dev/ptx_compare.py OLD_ROOT NEW_ROOT --ignore-param-layout
+        # a field added to a params struct moves the others: compare with the size of each kernel
+        # argument and the offsets of ld.param loads masked (the same loads of other offsets)
 
 Exit code 0 when every new kernel is matched; the unmatched ones are listed otherwise.
 """
@@ -38,8 +41,14 @@ def compile_ptx(csrc: Path, source: Path, arch: str, out: Path) -> Path:
     return target
 
 
+IGNORE_PARAM_LAYOUT = False
+
+
 def normalised(body: str, name: str) -> str:
     body = body.replace(name, "NAME")
+    if IGNORE_PARAM_LAYOUT:
+        body = re.sub(r"(_param_\d+)\[\d+\]", r"\1[SIZE]", body)
+        body = re.sub(r"(ld\.param\.\S+\s+[^,]+,\s*\[[^\]+]+)\+-?\d+\]", r"\1+OFF]", body)
     body = re.sub(r"\s*\.loc\s+\d+\s+\d+\s+\d+.*", "", body)
     body = re.sub(r"//.*", "", body)
     body = re.sub(r"\$L__BB\d+_", "$L__BB_", body)
@@ -81,7 +90,11 @@ def main() -> int:
     ap.add_argument("old", type=Path)
     ap.add_argument("new", type=Path)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--ignore-param-layout", action="store_true",
+                    help="mask kernel-argument sizes and ld.param offsets (a params struct gained a field)")
     args = ap.parse_args()
+    global IGNORE_PARAM_LAYOUT
+    IGNORE_PARAM_LAYOUT = args.ignore_param_layout
     with tempfile.TemporaryDirectory() as tmp:
         files = cu_files(args.new)
         old = build(args.old, files, Path(tmp) / "old", args.jobs)

@@ -2,12 +2,14 @@
 
 Ops (schema via torch.library.custom_op; fake kernels for torch.compile; autograd registered):
     flashgpt::fwd(q, k, v, cu_seqlens_q?, cu_seqlens_k?, max_seqlen_q, max_seqlen_k,
-                  softmax_scale, causal, deterministic) -> (out, lse)
+                  softmax_scale, causal, deterministic, window_left=-1, window_right=-1) -> (out, lse)
     flashgpt::bwd(dout, q, k, v, out, lse, cu_seqlens_q?, cu_seqlens_k?, max_seqlen_q,
-                  max_seqlen_k, softmax_scale, causal, deterministic) -> (dq, dk, dv)
-    flashgpt::fwd_qkvpacked(qkv, n_kv_heads, softmax_scale, causal, deterministic) -> (out, lse)
+                  max_seqlen_k, softmax_scale, causal, deterministic, window_left=-1,
+                  window_right=-1) -> (dq, dk, dv)
+    flashgpt::fwd_qkvpacked(qkv, n_kv_heads, softmax_scale, causal, deterministic, window_left=-1,
+                            window_right=-1) -> (out, lse)
     flashgpt::bwd_qkvpacked(dout, qkv, out, lse, n_kv_heads, softmax_scale, causal,
-                            deterministic) -> dqkv
+                            deterministic, window_left=-1, window_right=-1) -> dqkv
       qkv (batch, seqlen, heads + 2 kv_heads, d): q, k, v heads side by side per token (a fused
       q/k/v projection's output viewed per head). The backward writes dq, dk, dv into one dqkv, so
       the projection's gradient needs no concatenation (0.9% of a 1.3B-8k training step).
@@ -15,7 +17,12 @@ Ops (schema via torch.library.custom_op; fake kernels for torch.compile; autogra
 Shapes: dense q (batch, seqlen_q, heads, d), k/v (batch, seqlen_k, heads_k, d), heads % heads_k == 0.
 Varlen: q (total_q, heads, d), k/v (total_k, heads_k, d), cu_seqlens int32 (batch + 1).
 lse: (batch, heads, seqlen_q) dense, (heads, total_q) varlen; fp32, natural log; +inf for rows
-that see no key (causal with seqlen_q > seqlen_k), whose output is 0.
+that see no key (causal with seqlen_q > seqlen_k, or a window that misses every key), whose output is 0.
+
+Local (sliding-window) attention: window_size=(left, right), each >= -1 (-1 = unbounded on that
+side; (-1, -1) = none), aligned bottom-right like the causal mask: query i sees key j iff
+i + sk - sq - left <= j <= i + sk - sq + right (and, if causal, j <= i + sk - sq); per sequence
+when packed. The kernels visit only the key tiles the band reaches (time scales with the window).
 
 Head dims: the kernels are compiled for 64, 96 and 128; any other d <= 128 is zero-padded
 up to the next of these here (e.g. 80 -> 96; zero columns change no dot product and give zero
@@ -33,6 +40,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .reference import check_window  # the one definition of a valid window_size, shared with the model
 
 _SUPPORTED_HDIMS = (64, 96, 128)
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -53,17 +62,18 @@ def _fwd_op(
     cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
     max_seqlen_q: int, max_seqlen_k: int,
     softmax_scale: float, causal: bool, deterministic: bool,
+    window_left: int = -1, window_right: int = -1,
 ) -> tuple[Tensor, Tensor]:
     if not q.is_cuda:
         raise ValueError(_device_message(q.device))
     out, lse = _ext().fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                          softmax_scale, causal)
+                          softmax_scale, causal, window_left, window_right)
     return out, lse
 
 
 @_fwd_op.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-      deterministic):
+      deterministic, window_left=-1, window_right=-1):
     out = q.new_empty(q.shape)
     if cu_seqlens_q is not None:
         lse = q.new_empty((q.shape[-2], q.shape[0]), dtype=torch.float32)
@@ -78,42 +88,58 @@ def _bwd_op(
     cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
     max_seqlen_q: int, max_seqlen_k: int,
     softmax_scale: float, causal: bool, deterministic: bool,
+    window_left: int = -1, window_right: int = -1,
 ) -> tuple[Tensor, Tensor, Tensor]:
     if not q.is_cuda:
         raise ValueError(_device_message(q.device))
     dq, dk, dv = _ext().bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                            max_seqlen_k, softmax_scale, causal, deterministic)
+                            max_seqlen_k, softmax_scale, causal, window_left, window_right, deterministic)
     return dq, dk, dv
 
 
 @_bwd_op.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-      softmax_scale, causal, deterministic):
+      softmax_scale, causal, deterministic, window_left=-1, window_right=-1):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic = inputs
+    q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic, *window = inputs
+    window_left, window_right = window if window else (-1, -1)
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-    ctx.args = (max_q, max_k, scale, causal, deterministic)
+    ctx.args = (max_q, max_k, scale, causal, deterministic, window_left, window_right)
+    ctx.n_inputs = len(inputs)
     ctx.mark_non_differentiable(lse)
 
 
+def _op_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, deterministic,
+            window_left, window_right):
+    return _bwd_op(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, deterministic,
+                   window_left, window_right)
+
+
+def _ext_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, deterministic,
+             window_left, window_right):
+    # The binding takes the window before `deterministic` (flash_api.cpp).
+    return _ext().bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, window_left,
+                      window_right, deterministic)
+
+
 def _backward_with(bwd, ctx, dout):
-    """Gradients of the 10 forward inputs, computing dq, dk, dv with `bwd` (the op or the binding)."""
+    """Gradients of the forward inputs (10, or 12 with the window), computing dq, dk, dv with `bwd`
+    (_op_bwd or _ext_bwd)."""
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-    max_q, max_k, scale, causal, deterministic = ctx.args
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv = bwd(dout.contiguous() if dout.stride(-1) != 1 else dout, q, k, v, out, lse,
-                     cu_q, cu_k, max_q, max_k, scale, causal, deterministic)
-    return dq, dk, dv, None, None, None, None, None, None, None
+                     cu_q, cu_k, *ctx.args)
+    return (dq, dk, dv) + (None,) * (ctx.n_inputs - 3)
 
 
 def _backward(ctx, dout, dlse):
     # dlse is ignored: the LSE output is not differentiable (documented in flash_attn_func).
-    return _backward_with(_bwd_op, ctx, dout)
+    return _backward_with(_op_bwd, ctx, dout)
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -126,16 +152,18 @@ class _EagerFlash(torch.autograd.Function):
     torch.compile traces the ops instead (see _attention)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic, window_left=-1,
+                window_right=-1):
         if not q.is_cuda:
             raise ValueError(_device_message(q.device))
-        out, lse = _ext().fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal)
-        _setup_context(ctx, (q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic), (out, lse))
+        out, lse = _ext().fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window_left, window_right)
+        _setup_context(ctx, (q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, deterministic, window_left,
+                             window_right), (out, lse))
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        return _backward_with(_ext().bwd, ctx, dout)
+        return _backward_with(_ext_bwd, ctx, dout)
 
 
 def _attention(*args):
@@ -151,23 +179,24 @@ def _split_qkv(qkv: Tensor, n_kv_heads: int):
     return qkv[..., :h, :], qkv[..., h:h + n_kv_heads, :], qkv[..., h + n_kv_heads:, :]
 
 
-def _fwd_packed(qkv: Tensor, n_kv_heads: int, softmax_scale: float, causal: bool) -> tuple[Tensor, Tensor]:
+def _fwd_packed(qkv: Tensor, n_kv_heads: int, softmax_scale: float, causal: bool, window_left: int = -1,
+                window_right: int = -1) -> tuple[Tensor, Tensor]:
     """(out, lse) of the binding's forward on qkv's head slices."""
     if not qkv.is_cuda:
         raise ValueError(_device_message(qkv.device))
     out, lse = _ext().fwd(*_split_qkv(qkv, n_kv_heads), None, None, qkv.shape[1], qkv.shape[1], softmax_scale,
-                          causal)
+                          causal, window_left, window_right)
     return out, lse
 
 
 @torch.library.custom_op("flashgpt::fwd_qkvpacked", mutates_args=())
 def _fwd_packed_op(qkv: Tensor, n_kv_heads: int, softmax_scale: float, causal: bool,
-                   deterministic: bool) -> tuple[Tensor, Tensor]:
-    return _fwd_packed(qkv, n_kv_heads, softmax_scale, causal)
+                   deterministic: bool, window_left: int = -1, window_right: int = -1) -> tuple[Tensor, Tensor]:
+    return _fwd_packed(qkv, n_kv_heads, softmax_scale, causal, window_left, window_right)
 
 
 @_fwd_packed_op.register_fake
-def _(qkv, n_kv_heads, softmax_scale, causal, deterministic):
+def _(qkv, n_kv_heads, softmax_scale, causal, deterministic, window_left=-1, window_right=-1):
     b, s, n, d = qkv.shape
     h = n - 2 * n_kv_heads
     return qkv.new_empty((b, s, h, d)), qkv.new_empty((b, h, s), dtype=torch.float32)
@@ -175,37 +204,44 @@ def _(qkv, n_kv_heads, softmax_scale, causal, deterministic):
 
 @torch.library.custom_op("flashgpt::bwd_qkvpacked", mutates_args=())
 def _bwd_packed_op(dout: Tensor, qkv: Tensor, out: Tensor, lse: Tensor, n_kv_heads: int,
-                   softmax_scale: float, causal: bool, deterministic: bool) -> Tensor:
-    return _bwd_packed(_ext().bwd_into, dout, qkv, out, lse, n_kv_heads, softmax_scale, causal, deterministic)
+                   softmax_scale: float, causal: bool, deterministic: bool, window_left: int = -1,
+                   window_right: int = -1) -> Tensor:
+    return _bwd_packed(_ext().bwd_into, dout, qkv, out, lse, n_kv_heads, softmax_scale, causal, deterministic,
+                       window_left, window_right)
 
 
 @_bwd_packed_op.register_fake
-def _(dout, qkv, out, lse, n_kv_heads, softmax_scale, causal, deterministic):
+def _(dout, qkv, out, lse, n_kv_heads, softmax_scale, causal, deterministic, window_left=-1, window_right=-1):
     return torch.empty_like(qkv)
 
 
-def _bwd_packed(bwd_into, dout, qkv, out, lse, n_kv_heads, scale, causal, deterministic) -> Tensor:
+def _bwd_packed(bwd_into, dout, qkv, out, lse, n_kv_heads, scale, causal, deterministic, window_left=-1,
+                window_right=-1) -> Tensor:
     """dqkv (like qkv): the backward writing dq, dk, dv into their slices of one tensor."""
     dqkv = torch.empty_like(qkv)
     bwd_into(dout.contiguous() if dout.stride(-1) != 1 else dout, *_split_qkv(qkv, n_kv_heads), out, lse,
-             None, None, qkv.shape[1], qkv.shape[1], scale, causal, deterministic, *_split_qkv(dqkv, n_kv_heads))
+             None, None, qkv.shape[1], qkv.shape[1], scale, causal, window_left, window_right, deterministic,
+             *_split_qkv(dqkv, n_kv_heads))
     return dqkv
 
 
 def _setup_packed(ctx, inputs, output):
-    qkv, n_kv_heads, scale, causal, deterministic = inputs
+    qkv, n_kv_heads, scale, causal, deterministic, *window = inputs
+    window_left, window_right = window if window else (-1, -1)
     out, lse = output
     ctx.save_for_backward(qkv, out, lse)
-    ctx.args = (n_kv_heads, scale, causal, deterministic)
+    ctx.args = (n_kv_heads, scale, causal, deterministic, window_left, window_right)
+    ctx.n_inputs = len(inputs)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward_packed_with(bwd, ctx, dout):
-    """Gradients of the 5 forward inputs, dqkv from `bwd` (the op, or _bwd_packed on the binding)."""
+    """Gradients of the forward inputs (5, or 7 with the window), dqkv from `bwd` (the op, or
+    _bwd_packed on the binding)."""
     qkv, out, lse = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    return bwd(dout, qkv, out, lse, *ctx.args), None, None, None, None
+    return (bwd(dout, qkv, out, lse, *ctx.args),) + (None,) * (ctx.n_inputs - 1)
 
 
 def _backward_packed(ctx, dout, dlse):
@@ -219,9 +255,9 @@ class _EagerFlashPacked(torch.autograd.Function):
     """flashgpt::fwd_qkvpacked / bwd_qkvpacked calling the binding directly (eager mode; see _EagerFlash)."""
 
     @staticmethod
-    def forward(ctx, qkv, n_kv_heads, scale, causal, deterministic):
-        out, lse = _fwd_packed(qkv, n_kv_heads, scale, causal)
-        _setup_packed(ctx, (qkv, n_kv_heads, scale, causal, deterministic), (out, lse))
+    def forward(ctx, qkv, n_kv_heads, scale, causal, deterministic, window_left=-1, window_right=-1):
+        out, lse = _fwd_packed(qkv, n_kv_heads, scale, causal, window_left, window_right)
+        _setup_packed(ctx, (qkv, n_kv_heads, scale, causal, deterministic, window_left, window_right), (out, lse))
         return out, lse
 
     @staticmethod
@@ -314,6 +350,14 @@ def _scale(softmax_scale: Optional[float], d: int) -> float:
     return float(softmax_scale)
 
 
+def _window(window_size, name: str) -> tuple[int, int]:
+    """(left, right) as ints >= -1 (-1 = unbounded on that side), or one ValueError naming the function."""
+    try:
+        return check_window(window_size)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+
+
 def _pad(t: Tensor, d_pad: int) -> Tensor:
     return t if t.shape[-1] == d_pad else F.pad(t, (0, d_pad - t.shape[-1]))
 
@@ -323,21 +367,23 @@ def _pad(t: Tensor, d_pad: int) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                     softmax_scale: Optional[float] = None, deterministic: bool = False,
-                    return_lse: bool = False):
+                    return_lse: bool = False, window_size: tuple[int, int] = (-1, -1)):
     """Scaled dot-product attention with our FlashAttention-2 kernels.
 
     q: (batch, seqlen_q, heads, d); k, v: (batch, seqlen_k, heads_k, d); bf16/fp16 CUDA.
     causal: bottom-right aligned mask (query i sees keys j <= i + seqlen_k - seqlen_q).
     deterministic: backward adds dQ contributions in a fixed order (bit-repeatable, slower).
     return_lse: also return the fp32 log-sum-exp (batch, heads, seqlen_q) (not differentiable).
+    window_size: (left, right) local attention, -1 = unbounded on that side (module docstring).
     """
+    left, right = _window(window_size, "flash_attn_func")
     q, k, v = _autocast(q, k, v)
     _validate(q, k, v, 4, "flash_attn_func")
     d = q.shape[-1]
     scale = _scale(softmax_scale, d)
     d_pad = _padded_hdim(d)
     out, lse = _attention(_pad(q, d_pad), _pad(k, d_pad), _pad(v, d_pad), None, None,
-                          q.shape[1], k.shape[1], scale, bool(causal), bool(deterministic))
+                          q.shape[1], k.shape[1], scale, bool(causal), bool(deterministic), left, right)
     if d_pad != d:
         out = out[..., :d]
     return (out, lse) if return_lse else out
@@ -345,7 +391,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
 
 def flash_attn_qkvpacked_func(qkv: Tensor, n_kv_heads: Optional[int] = None, causal: bool = False,
                               softmax_scale: Optional[float] = None, deterministic: bool = False,
-                              return_lse: bool = False):
+                              return_lse: bool = False, window_size: tuple[int, int] = (-1, -1)):
     """Attention over a packed q/k/v tensor; the backward returns one gradient for it.
 
     qkv: (batch, seqlen, heads + 2 * n_kv_heads, d), bf16/fp16 CUDA: per token the q heads, then the
@@ -355,6 +401,7 @@ def flash_attn_qkvpacked_func(qkv: Tensor, n_kv_heads: Optional[int] = None, cau
     contiguous, or a head dim that needs padding, goes through flash_attn_func on the slices.
     """
     name = "flash_attn_qkvpacked_func"
+    left, right = _window(window_size, name)
     if not isinstance(qkv, Tensor) or qkv.dim() != 4:
         raise ValueError(f"{name}: qkv must be a 4-D tensor (batch, seqlen, heads + 2 kv_heads, headdim), "
                          f"got {tuple(qkv.shape) if isinstance(qkv, Tensor) else type(qkv).__name__}")
@@ -373,22 +420,25 @@ def flash_attn_qkvpacked_func(qkv: Tensor, n_kv_heads: Optional[int] = None, cau
     d = qkv.shape[-1]
     if d not in _SUPPORTED_HDIMS or not qkv.is_contiguous():
         return flash_attn_func(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                               deterministic=deterministic, return_lse=return_lse)
-    out, lse = _attention_packed(qkv, n_kv_heads, _scale(softmax_scale, d), bool(causal), bool(deterministic))
+                               deterministic=deterministic, return_lse=return_lse, window_size=(left, right))
+    out, lse = _attention_packed(qkv, n_kv_heads, _scale(softmax_scale, d), bool(causal), bool(deterministic),
+                                 left, right)
     return (out, lse) if return_lse else out
 
 
 def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                            cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                            causal: bool = False, softmax_scale: Optional[float] = None,
-                           deterministic: bool = False, return_lse: bool = False):
+                           deterministic: bool = False, return_lse: bool = False,
+                           window_size: tuple[int, int] = (-1, -1)):
     """Attention over packed sequences: no token attends across a cu_seqlens boundary.
 
     q: (total_q, heads, d); k, v: (total_k, heads_k, d); cu_seqlens_*: int32 (batch + 1),
     starting at 0, non-decreasing, last = total tokens; max_seqlen_*: the longest sequence.
-    lse (if returned): (heads, total_q) fp32.
+    lse (if returned): (heads, total_q) fp32. window_size: as flash_attn_func, inside each sequence.
     """
     name = "flash_attn_varlen_func"
+    left, right = _window(window_size, name)
     q, k, v = _autocast(q, k, v)
     _validate(q, k, v, 3, name, check_device=False)
     for c, n in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
@@ -409,7 +459,8 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     d_pad = _padded_hdim(d)
     out, lse = _attention(_pad(q, d_pad), _pad(k, d_pad), _pad(v, d_pad),
                           cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
-                          int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), bool(deterministic))
+                          int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), bool(deterministic),
+                          left, right)
     if d_pad != d:
         out = out[..., :d]
     return (out, lse) if return_lse else out

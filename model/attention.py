@@ -10,9 +10,9 @@ Backends (chosen once per model, logged):
   reference  - plain matmul + softmax in fp32; slow, for checking
   auto       - ours on CUDA in bf16/fp16 (else, or where it cannot load, SDPA)
 model.recompute_attention recomputes the attention's forward in the backward (any backend).
-model.attention_window > 0 makes some layers local (a causal band of that many tokens): sdpa / math /
-reference take a boolean mask (auto on CUDA runs sdpa); our kernels have no window yet, so flash is refused,
-as are sdpa_flash and sdpa_cudnn, which take no mask.
+model.attention_window > 0 makes some layers local (a causal band of that many tokens): flash passes
+window_size to our kernels, sdpa / math / reference take a boolean mask; sdpa_flash and sdpa_cudnn take
+no mask and are refused.
 Context parallelism comes from outside: the module's `context_parallel` slot (None on one device) takes
 a wrapper (training/context_parallel) that exchanges sequence slices around the module's own attention.
 """
@@ -89,14 +89,10 @@ def window_refusal(backend: str, window: int) -> Optional[str]:
     """The one-line reason `backend` cannot run a local layer of `window` tokens, or None where it can."""
     if window <= 0:
         return None
-    if backend in SDPA_ONLY:
-        why = "that SDPA backend takes no mask"
-    elif backend == "flash":
-        why = "our kernels have no window yet"
-    else:
+    if backend not in SDPA_ONLY:
         return None
-    return (f"model.attention={backend} cannot run a local window (model.attention_window={window}: {why}); "
-            f"use model.attention=sdpa (or auto, math), or model.attention_window=0")
+    return (f"model.attention={backend} cannot run a local window (model.attention_window={window}: that SDPA "
+            f"backend takes no mask); use model.attention=flash or sdpa (or auto, math), or model.attention_window=0")
 
 
 def resolve_backend(requested: str, device: torch.device, head_dim: int = 128,
@@ -133,8 +129,6 @@ def resolve_backend(requested: str, device: torch.device, head_dim: int = 128,
             raise AttentionUnavailable("model.attention=flash needs a CUDA device; on this machine use "
                                        "model.attention=sdpa (or auto)")
         return "sdpa", f"auto on {device.type}: our kernel is CUDA-only"
-    if window > 0:  # our kernels take no window_size: local layers need a masked SDPA
-        return "sdpa", f"auto with model.attention_window={window}: our kernels have no window yet, SDPA with a band mask"
     if requested == "auto" and (head_dim > 128 or dtype not in (torch.bfloat16, torch.float16)):
         return "sdpa", (f"auto: our kernel takes bf16/fp16 and head dim <= 128, this model computes "
                         f"attention in {dtype} at head dim {head_dim}")

@@ -162,7 +162,8 @@ def kernel_families(names) -> set:
 
 def _bwd_schedule(name: str) -> str:
     """'turns' or 'lockstep' from a Hopper backward kernel's name: its template arguments are
-    <T, D, Is_causal, Is_even, Pingpong>; AssertionError naming the kernel when that cannot be read."""
+    <T, D, Is_causal, Is_even, Pingpong[, Is_local]>; AssertionError naming the kernel when that cannot be
+    read."""
     ident = KERNEL_FAMILIES["hopper_bwd"]
     rest = name[name.index(ident) + len(ident):]
     if rest.startswith("<"):  # demangled: split the top-level template arguments
@@ -180,7 +181,7 @@ def _bwd_schedule(name: str) -> str:
             else:
                 cur += ch
         args.append(cur.strip())
-        flag = args[-1] if len(args) == 5 else ""
+        flag = args[4] if len(args) in (5, 6) else ""
         if flag in ("true", "1", "(bool)1"):
             return "turns"
         if flag in ("false", "0", "(bool)0"):

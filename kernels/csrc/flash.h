@@ -42,7 +42,17 @@ struct Flash_fwd_params {
     int *tile_counter;         // forward: two ints for the persistent Hopper kernel's work list, zero
                                // at launch and left zero by the kernel (one pair per stream), or
                                // nullptr: one CTA per tile
+    // Local (sliding-window) attention, bottom-right aligned like the causal mask: query i sees key j
+    // iff i + (sk - sq) - window_left <= j <= i + (sk - sq) + window_right; -1 = unbounded on that
+    // side (both -1: no window). Read by the FA2 kernels compiled for ragged shapes (Is_even = false)
+    // and the Hopper kernels' Is_local instantiations (hopper/flash_fwd_sm90_ws.h,
+    // hopper/flash_bwd_sm90_ws.h); the launch templates send every windowed call there. The binding
+    // turns a side at least as long as the sequences (and, under a causal mask, any right side) into -1.
+    int window_left, window_right;
 };
+
+// Whether the call has a local window (then the windowed kernels run: the launch templates).
+inline bool has_window(const Flash_fwd_params &p) { return p.window_left >= 0 || p.window_right >= 0; }
 
 struct Flash_bwd_params : public Flash_fwd_params {
     void *__restrict__ do_ptr;   // dO, same shape as o

@@ -1,5 +1,6 @@
 // Torch binding (the only file that includes torch): checks, output allocation, params filling,
-// and the static switch from runtime (dtype, head dim, causal) to the generated instantiations.
+// and the static switch from runtime (dtype, head dim, causal) to the generated instantiations. The
+// local window (window_left, window_right; -1 = unbounded) stays a runtime parameter (flash.h).
 // Inputs arrive already validated and padded by kernels/flash_attn.py; the checks here are a
 // second line of defence for direct callers.
 #include <torch/extension.h>
@@ -62,7 +63,8 @@ void check_inputs(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
 void fill_fwd_params(Flash_fwd_params &p, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                      const at::Tensor &out, const at::Tensor &lse,
                      const c10::optional<at::Tensor> &cu_q, const c10::optional<at::Tensor> &cu_k,
-                     int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, bool causal) {
+                     int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, bool causal,
+                     int64_t window_left, int64_t window_right) {
     std::memset(&p, 0, sizeof(p));
     const bool varlen = cu_q.has_value();
     p.q_ptr = q.data_ptr(); p.k_ptr = k.data_ptr(); p.v_ptr = v.data_ptr(); p.o_ptr = out.data_ptr();
@@ -87,6 +89,16 @@ void fill_fwd_params(Flash_fwd_params &p, const at::Tensor &q, const at::Tensor 
     p.scale_softmax = float(scale);
     p.scale_softmax_log2 = float(scale * M_LOG2E);
     p.is_causal = causal;
+    // A side at least as long as the sequences bounds nothing: -1, so that such a call keeps the
+    // unwindowed dispatch (flash.h). Every sequence's sk <= max_seqlen_k and sq <= max_seqlen_q.
+    p.window_left = window_left >= p.seqlen_k ? -1 : int(window_left);
+    p.window_right = window_right >= p.seqlen_q ? -1 : int(window_right);
+    if (causal && p.window_right >= 0) p.window_right = -1;  // the causal mask bounds it already
+}
+
+void check_window(int64_t window_left, int64_t window_right) {
+    TORCH_CHECK(window_left >= -1 && window_right >= -1, "flashgpt: window_size must be two ints >= -1 "
+                "(-1 = unbounded on that side), got (", window_left, ", ", window_right, ")");
 }
 
 void check_cu(const c10::optional<at::Tensor> &cu_q, const c10::optional<at::Tensor> &cu_k) {
@@ -104,9 +116,11 @@ void check_cu(const c10::optional<at::Tensor> &cu_q, const c10::optional<at::Ten
 std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
                                 c10::optional<at::Tensor> cu_seqlens_q,
                                 c10::optional<at::Tensor> cu_seqlens_k, int64_t max_seqlen_q,
-                                int64_t max_seqlen_k, double softmax_scale, bool causal) {
+                                int64_t max_seqlen_k, double softmax_scale, bool causal,
+                                int64_t window_left, int64_t window_right) {
     const bool varlen = cu_seqlens_q.has_value();
     check_cu(cu_seqlens_q, cu_seqlens_k);
+    check_window(window_left, window_right);
     check_inputs(q, k, v, varlen);
     q = aligned(q); k = aligned(k); v = aligned(v);
     c10::cuda::CUDAGuard guard(q.device());
@@ -118,7 +132,7 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
 
     Flash_fwd_params params;
     fill_fwd_params(params, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                    softmax_scale, causal);
+                    softmax_scale, causal, window_left, window_right);
     cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
     at::Tensor captured_counter;  // while a CUDA graph is captured: a zeroed pair per call, in the graph
     if (fwd_needs_tile_counter(params.d, causal, params.seqlen_k, params.cu_seqlens_q != nullptr)) {
@@ -160,10 +174,12 @@ std::vector<at::Tensor> mha_bwd_into(at::Tensor dout, at::Tensor q, at::Tensor k
                                      c10::optional<at::Tensor> cu_seqlens_q,
                                      c10::optional<at::Tensor> cu_seqlens_k, int64_t max_seqlen_q,
                                      int64_t max_seqlen_k, double softmax_scale, bool causal,
+                                     int64_t window_left, int64_t window_right,
                                      bool deterministic, c10::optional<at::Tensor> dq_out,
                                      c10::optional<at::Tensor> dk_out, c10::optional<at::Tensor> dv_out) {
     const bool varlen = cu_seqlens_q.has_value();
     check_cu(cu_seqlens_q, cu_seqlens_k);
+    check_window(window_left, window_right);
     check_inputs(q, k, v, varlen);
     TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes(), "flashgpt: dout/out shape");
     TORCH_CHECK(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
@@ -191,7 +207,7 @@ std::vector<at::Tensor> mha_bwd_into(at::Tensor dout, at::Tensor q, at::Tensor k
     at::Tensor dsum = at::empty_like(lse);
     Flash_bwd_params params;
     fill_fwd_params(params, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                    softmax_scale, causal);
+                    softmax_scale, causal, window_left, window_right);
     // fp32 dQ accumulator, zeroed by the pre-pass: row-major like q, or (the Hopper TMA backward)
     // whole query-block tiles (hopper/dq_tiles.h), which round each sequence up to a block.
     const int64_t row_floats = q.numel();
@@ -253,9 +269,10 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
                                 c10::optional<at::Tensor> cu_seqlens_q,
                                 c10::optional<at::Tensor> cu_seqlens_k, int64_t max_seqlen_q,
                                 int64_t max_seqlen_k, double softmax_scale, bool causal,
-                                bool deterministic) {
+                                int64_t window_left, int64_t window_right, bool deterministic) {
     return mha_bwd_into(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                        softmax_scale, causal, deterministic, c10::nullopt, c10::nullopt, c10::nullopt);
+                        softmax_scale, causal, window_left, window_right, deterministic, c10::nullopt,
+                        c10::nullopt, c10::nullopt);
 }
 
 }  // namespace

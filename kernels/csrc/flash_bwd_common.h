@@ -70,9 +70,13 @@ __device__ __forceinline__ void load_q_block(const Flash_bwd_params &p, const Bw
 }
 
 // Query blocks a key block visits, and its keys: causal (bottom-right aligned) starts at the first
-// query block that can see the block's first key.
+// query block that can see the block's first key; a local window (apply_window: the FA2 kernels with
+// Is_even = false and the Hopper backward's Is_local instantiations, which every windowed call runs, so
+// the other kernels carry no window code) narrows the range to the query blocks whose band reaches the
+// block's keys.
 struct BwdRange {
     int keys_left, causal_off, m_min, m_max, sk;
+    Window win;  // unbounded unless apply_window
     template <bool Is_causal>
     __device__ static BwdRange make(const SeqInfo &seq, int n_block, int block_m, int block_n) {
         BwdRange r;
@@ -83,20 +87,43 @@ struct BwdRange {
         r.sk = seq.sk;
         return r;
     }
-    // Whether P^T of query block m needs the mask below: the block crosses the causal diagonal, or the
-    // key block runs past the sequence's last key. Those keys' K rows are zero-filled (or, packed, the
-    // next sequence's), so exp(S - LSE) = exp(-LSE) for them, which overflows (16-bit P^T from
-    // exp(11), fp32 from exp(88)) when a query's LSE is very negative -- few keys, large logits; the
-    // infinite dS^T then meets the zero K rows in dQ = dS K as inf * 0 = NaN.
+    // Query i sees key j iff j - off - right <= i <= j - off + left (flash.h): the block's first key
+    // bounds the first query, its last key the last one. A causal mask is the right bound 0, folded in
+    // (the windowed masks below then test it once).
+    template <bool Is_causal>
+    __device__ void apply_window(const Flash_fwd_params &p, int n_block, int block_m, int block_n) {
+        win = Window(p);
+        if (Is_causal) win.right = min(win.right, 0);
+        const int first_q = n_block * block_n - causal_off - win.right;
+        const int last_q = n_block * block_n + min(keys_left, block_n) - 1 - causal_off + win.left;
+        m_min = max(m_min, max(0, first_q) / block_m);
+        m_max = last_q < 0 ? 0 : min(m_max, last_q / block_m + 1);
+    }
+    // Whether P^T of query block m needs the mask below: the block crosses the causal diagonal or an
+    // edge of the window, or the key block runs past the sequence's last key. Those keys' K rows are
+    // zero-filled (or, packed, the next sequence's), so exp(S - LSE) = exp(-LSE) for them, which
+    // overflows (16-bit P^T from exp(11), fp32 from exp(88)) when a query's LSE is very negative -- few
+    // keys, large logits; the infinite dS^T then meets the zero K rows in dQ = dS K as inf * 0 = NaN.
     template <bool Is_causal, bool Is_even>
     __device__ bool need_mask(int m, int n_block, int block_m, int block_n) const {
-        return (Is_causal && n_block * block_n + block_n - 1 > m * block_m + causal_off) ||
-               (!Is_even && keys_left < block_n);
+        if constexpr (Is_even) return Is_causal && n_block * block_n + block_n - 1 > m * block_m + causal_off;
+        return keys_left < block_n || n_block * block_n < win.first_key(m * block_m + block_m - 1, causal_off) ||
+               n_block * block_n + block_n - 1 > win.last_key(m * block_m, causal_off);
     }
-    // P^T is 0 at (key, query), both indices in the sequence: a key past its end, or a future key.
-    template <bool Is_causal>
+    // P^T is 0 at (key, query), both indices in the sequence: a key past its end, a future key, or a
+    // key outside the query's window.
+    template <bool Is_causal, bool Is_even>
     __device__ bool masked(int key, int q) const {
-        return key >= sk || (Is_causal && key > q + causal_off);
+        if constexpr (Is_even) return key >= sk || (Is_causal && key > q + causal_off);
+        return key >= sk || win.masked(key, q, causal_off);
+    }
+    // The deterministic dQ order of key block n_block among the key blocks that visit query block m
+    // (0 for the first): those are n_first .. n_block, n_first the first whose last key reaches the
+    // window of m's first row.
+    template <bool Is_even>
+    __device__ int dq_order(int m, int n_block, int block_m, int block_n) const {
+        if constexpr (Is_even) return n_block;
+        return n_block - max(0, win.first_key(m * block_m, causal_off)) / block_n;
     }
 };
 
@@ -186,12 +213,12 @@ __device__ __forceinline__ void dv_dk_step(float (&acc_dv)[MT][ON][4], float (&a
 // dQ_i += dS K for query block m. dS^T (BN keys x BM queries, row stride SDS) and K (BN x D, row
 // stride S) are in shared memory and complete. Warp (wm, wn) of a kDQWarpsM x kDQWarpsN grid
 // computes rows (wm*DQM .. +DQM)*16 and columns wn*kDQCols .. +kDQCols, then adds them to the fp32
-// accumulator with atomics; in deterministic mode key block n_block waits until blocks 0..n_block-1
-// have added theirs (a fixed summation order).
+// accumulator with atomics; in deterministic mode the key block waits until the `order` key blocks
+// before it that visit query block m (BwdRange::dq_order) have added theirs (a fixed summation order).
 template <typename Kt>
 __device__ __forceinline__ void dq_accumulate(const Flash_bwd_params &p, const typename Kt::T *sdS, int SDS,
                                               const typename Kt::T *sK, float *dq, int64_t dq_row_stride,
-                                              int sq, int b, int h, int m, int n_block, int warp,
+                                              int sq, int b, int h, int m, int order, int warp,
                                               int lane, int tid) {
     using T = typename Kt::T;
     constexpr int BN = Kt::kBlockN, BM = Kt::kBlockM, S = Kt::kSmemStride;
@@ -235,7 +262,7 @@ __device__ __forceinline__ void dq_accumulate(const Flash_bwd_params &p, const t
         const int num_m_blocks_grid = cdiv(p.seqlen_q, BM);
         sem = p.dq_semaphore + (int64_t(b) * p.h + h) * num_m_blocks_grid + m;
         if (tid == 0) {
-            while (*reinterpret_cast<volatile int *>(sem) != n_block) { }
+            while (*reinterpret_cast<volatile int *>(sem) != order) { }
             __threadfence();
         }
         __syncthreads();

@@ -51,7 +51,8 @@ flash_bwd_kernel(const Flash_bwd_params params) {
 
     const SeqInfo seq(params, b);
     if (n_block * BN >= seq.sk) return;
-    const BwdRange range = BwdRange::make<Is_causal>(seq, n_block, BM, BN);
+    BwdRange range = BwdRange::make<Is_causal>(seq, n_block, BM, BN);
+    if constexpr (!Is_even) range.apply_window<Is_causal>(params, n_block, BM, BN);
     const int keys_left = range.keys_left;
     const BwdBlockPtrs<T> gp(params, seq, b, h, n_block, BN, D);
     auto load_q_block = [&](int m, int buf) {
@@ -102,7 +103,7 @@ flash_bwd_kernel(const Flash_bwd_params params) {
                         float p = exp2f(acc_s[mt][j][e] * scale_log2 - lse_l2);
                         if (need_mask) {
                             const int key = n_block * BN + warp_row0 + mt * 16 + g + hr * 8;
-                            if (range.masked<Is_causal>(key, m * BM + qc)) p = 0.f;
+                            if (range.masked<Is_causal, Is_even>(key, m * BM + qc)) p = 0.f;
                         }
                         acc_s[mt][j][e] = p;
                         acc_dp[mt][j][e] = p * (acc_dp[mt][j][e] - dsum);
@@ -138,7 +139,8 @@ flash_bwd_kernel(const Flash_bwd_params params) {
         __syncthreads();  // dS^T complete in shared memory
 
         // ---- dQ_i += dS K (atomics into dq_accum; ordered in deterministic mode) ----------------
-        dq_accumulate<Kt>(params, sdS, SDS, sK, gp.dq, gp.dq_row_stride, seq.sq, b, h, m, n_block, warp,
+        dq_accumulate<Kt>(params, sdS, SDS, sK, gp.dq, gp.dq_row_stride, seq.sq, b, h, m,
+                          range.template dq_order<Is_even>(m, n_block, BM, BN), warp,
                           lane, tid);
         // No trailing barrier needed: the next writes to sdS / this buffer come after the next
         // iteration's first __syncthreads, which every thread reaches only after finishing here.

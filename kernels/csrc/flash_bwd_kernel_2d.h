@@ -48,7 +48,8 @@ flash_bwd_kernel_2d(const Flash_bwd_params params) {
 
     const SeqInfo seq(params, b);
     if (n_block * BN >= seq.sk) return;
-    const BwdRange range = BwdRange::make<Is_causal>(seq, n_block, BM, BN);
+    BwdRange range = BwdRange::make<Is_causal>(seq, n_block, BM, BN);
+    if constexpr (!Is_even) range.apply_window<Is_causal>(params, n_block, BM, BN);
     const int keys_left = range.keys_left;
     const BwdBlockPtrs<T> gp(params, seq, b, h, n_block, BN, D);
     auto load_q_block = [&](int m, int buf) {
@@ -102,7 +103,7 @@ flash_bwd_kernel_2d(const Flash_bwd_params params) {
                     for (int e1 = 0; e1 < 2; ++e1) {
                         const int e = 2 * hr + e1;
                         float pv = exp2f(acc_s[mt][j][e] * scale_log2 - lse_l2[e1]);
-                        if (need_mask && range.masked<Is_causal>(n_block * BN + kr, m * BM + qc + e1)) pv = 0.f;
+                        if (need_mask && range.masked<Is_causal, Is_even>(n_block * BN + kr, m * BM + qc + e1)) pv = 0.f;
                         p2[e1] = pv;
                         ds2[e1] = pv * (acc_dp[mt][j][e] - ds[e1]);
                     }
@@ -128,7 +129,8 @@ flash_bwd_kernel_2d(const Flash_bwd_params params) {
         }
 
         // ---- phase 4: dQ_i += dS K (atomics into dq_accum; ordered in deterministic mode) --------
-        dq_accumulate<Kt>(params, sdS, SP, sK, gp.dq, gp.dq_row_stride, seq.sq, b, h, m, n_block, warp,
+        dq_accumulate<Kt>(params, sdS, SP, sK, gp.dq, gp.dq_row_stride, seq.sq, b, h, m,
+                          range.template dq_order<Is_even>(m, n_block, BM, BN), warp,
                           lane, tid);
         // The next iteration's first barrier orders these reads of sP / sdS / buffer buf before
         // anything overwrites them.

@@ -21,8 +21,9 @@ void launch_bwd(Flash_bwd_params &params, cudaStream_t stream, KernelFor kernel_
     // The grid (grid_order.h) dispatches a head's low key blocks before its high ones:
     // deterministic mode waits on them.
     const dim3 grid = flash::tile_grid(params, num_n_blocks, /*group=*/1);
+    // A local window runs the ragged kernels, the only ones that read it (flash_bwd_common.h).
     const bool is_even = params.cu_seqlens_q == nullptr && params.seqlen_q % Kt::kBlockM == 0 &&
-                         params.seqlen_k % Kt::kBlockN == 0;
+                         params.seqlen_k % Kt::kBlockN == 0 && !has_window(params);
     BOOL_SWITCH(is_even, Is_even, [&] {
         launch_with_smem(kernel_for(std::bool_constant<Is_even>{}), grid, Kt::kNThreads, Kt::kSmemBytes,
                          params, stream);
@@ -53,7 +54,8 @@ using BwdTraits = Flash_bwd_kernel_traits<D, BM, BN, W, T, MINB, UNROLL, DQM>;
 
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim64(Flash_bwd_params &params, cudaStream_t stream) {
-    // The Hopper kernel (hopper/dispatch.h); the FA2 one elsewhere and where a tensor breaks a TMA rule.
+    // The Hopper kernel (hopper/dispatch.h; also under a local window); the FA2 one elsewhere and where
+    // a tensor breaks a TMA rule.
     if (flash::sm90::use(flash::sm90::kBwd, 64, Is_causal, params.seqlen_k) &&
         run_flash_bwd_sm90_ws<T, 64, Is_causal>(params, stream))
         return;
@@ -70,7 +72,8 @@ void run_mha_bwd_hdim96(Flash_bwd_params &params, cudaStream_t stream) {
 }
 template <typename T, bool Is_causal>
 void run_mha_bwd_hdim128(Flash_bwd_params &params, cudaStream_t stream) {
-    // The Hopper kernel (hopper/dispatch.h); the FA2 one elsewhere and where a tensor breaks a TMA rule.
+    // The Hopper kernel (hopper/dispatch.h; also under a local window); the FA2 one elsewhere and where
+    // a tensor breaks a TMA rule.
     if (flash::sm90::use(flash::sm90::kBwd, 128, Is_causal, params.seqlen_k) &&
         run_flash_bwd_sm90_ws<T, 128, Is_causal>(params, stream))
         return;

@@ -4,7 +4,8 @@
 // causal mask has the most key blocks, so the longest blocks are dispatched first).
 // Block: kNWarps warps; warp w owns query rows [w*16*kMTiles, (w+1)*16*kMTiles) of the block.
 //
-// Per key block j (visited from the last one down to 0, so the masked blocks come first):
+// Per key block j (visited from the last one down to the first, so the masked blocks come first; under
+// a local window only the blocks the band reaches, flash.h):
 //   S = Q K_j^T (fp32)  -> mask -> running max m, P = exp2(S*scale_log2 - m*scale_log2)
 //   l = l*exp2(m_old - m) + rowsum(P);  O = O*exp2(m_old - m) + P V_j  (P cast to 16 bits in regs)
 // End: O /= l, LSE = m*scale + log(l). Rows whose keys are all masked end with l == 0: O = 0,
@@ -47,6 +48,24 @@ struct SeqInfo {
     __device__ int64_t lse_off(const Flash_fwd_params &p, int b, int h) const {
         return p.cu_seqlens_q ? int64_t(h) * p.total_q + q_start
                               : (int64_t(b) * p.h + h) * p.seqlen_q;
+    }
+};
+
+// Local (sliding-window) attention bounds (Flash_fwd_params::window_left / window_right), an unbounded
+// side as kNoWindow: query row i (in its sequence, offset = sk - sq) sees keys
+// [i + offset - left, i + offset + right]. kNoWindow exceeds every row-key distance and keeps the sums
+// inside int for sequences shorter than 2^30 rows.
+constexpr int kNoWindow = 1 << 30;
+struct Window {
+    int left, right;
+    __device__ Window() : left(kNoWindow), right(kNoWindow) {}
+    __device__ explicit Window(const Flash_fwd_params &p)
+        : left(p.window_left < 0 ? kNoWindow : p.window_left),
+          right(p.window_right < 0 ? kNoWindow : p.window_right) {}
+    __device__ int first_key(int row, int offset) const { return row + offset - left; }
+    __device__ int last_key(int row, int offset) const { return row + offset + right; }
+    __device__ bool masked(int key, int row, int offset) const {
+        return key < first_key(row, offset) || key > last_key(row, offset);
     }
 };
 
@@ -141,11 +160,28 @@ flash_fwd_kernel(const Flash_fwd_params params) {
     const SeqInfo seq(params, b);
     if (m_block * BM >= seq.sq) return;  // varlen: this sequence is shorter than the grid
     const FwdBlock<T> fb = FwdBlock<T>::template make<Is_causal>(params, seq, b, h, m_block, BM, BN);
-    const int rows_left = fb.rows_left, causal_off = fb.causal_off, n_block_max = fb.n_block_max;
+    const int rows_left = fb.rows_left, causal_off = fb.causal_off;
     const T *q_ptr = fb.q, *k_ptr = fb.k, *v_ptr = fb.v;
     T *o_ptr = fb.o;
     float *lse_ptr = fb.lse;
-    if (n_block_max <= 0) {
+    // Key blocks [n_block_min, n_block_max): those some row of the block sees; under a local window
+    // [n_inside_min, n_inside_max) lie inside every row's band, the others are masked. Windowed calls
+    // run the ragged kernels only (run_flash_fwd), so the even ones carry no window code. A causal mask
+    // is the window's right bound 0, folded in (the mask below then tests it once).
+    int n_block_min = 0, n_block_max = fb.n_block_max, n_inside_min = 0, n_inside_max = 0;
+    Window win;
+    if constexpr (!Is_even) {
+        win = Window(params);
+        if (Is_causal) win.right = min(win.right, 0);
+        const int last_key = win.last_key(m_block * BM + min(rows_left, BM) - 1, causal_off);
+        n_block_max = last_key < 0 ? 0 : min(n_block_max, last_key / BN + 1);
+        n_block_min = max(0, win.first_key(m_block * BM, causal_off)) / BN;
+        const int first_key_of_last_row = win.first_key(m_block * BM + BM - 1, causal_off);
+        const int last_key_of_first_row = win.last_key(m_block * BM, causal_off);
+        n_inside_min = first_key_of_last_row <= 0 ? 0 : cdiv(first_key_of_last_row, BN);
+        n_inside_max = last_key_of_first_row < 0 ? 0 : (last_key_of_first_row + 1) / BN;
+    }
+    if (n_block_max <= n_block_min) {
         fb.write_empty(params, BM, D, tid, NT);
         return;
     }
@@ -173,11 +209,11 @@ flash_fwd_kernel(const Flash_fwd_params params) {
     const float scale_log2 = params.scale_softmax_log2;
     const int warp_row0 = warp * MT * 16;  // first query row (in the block) owned by this warp
 
-    for (int it = 0; n_block >= 0; --n_block, ++it) {
+    for (int it = 0; n_block >= n_block_min; --n_block, ++it) {
         const int buf = it & 1;
         // Prefetch the next K/V tile into the other buffer (last read two iterations ago; the
         // barrier at the end of the previous iteration makes it free).
-        if (n_block > 0) {
+        if (n_block > n_block_min) {
             const int nb = n_block - 1;
             load_tile_async<BN, D, S, NT, Is_even>(sK + (buf ^ 1) * Kt::kSmemKVElems,
                                                    k_ptr + int64_t(nb) * BN * params.k_row_stride,
@@ -226,10 +262,11 @@ flash_fwd_kernel(const Flash_fwd_params params) {
             }
         }
 
-        // ---- mask: keys past the end (ragged last tile) and, if causal, future keys -------------
+        // ---- mask: keys past the end (ragged last tile), if causal future keys, and keys outside
+        // the window (tiles across either edge of the band) ----------------------------------------
         const bool need_mask =
-            (!Is_even && (n_block + 1) * BN > seq.sk) ||
-            (Is_causal && (n_block + 1) * BN - 1 > m_block * BM + causal_off);
+            Is_even ? Is_causal && (n_block + 1) * BN - 1 > m_block * BM + causal_off
+                    : (n_block + 1) * BN > seq.sk || n_block < n_inside_min || n_block >= n_inside_max;
         if (need_mask) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -239,7 +276,8 @@ flash_fwd_kernel(const Flash_fwd_params params) {
                     for (int e = 0; e < 4; ++e) {
                         const int key = n_block * BN + j * 8 + 2 * t + (e & 1);
                         const int qrow = m_block * BM + warp_row0 + mt * 16 + g + (e >= 2 ? 8 : 0);
-                        if (key >= seq.sk || (Is_causal && key > qrow + causal_off))
+                        if (key >= seq.sk || (Is_even ? Is_causal && key > qrow + causal_off
+                                                      : win.masked(key, qrow, causal_off)))
                             acc_s[mt][j][e] = -INFINITY;
                     }
         }

@@ -13,10 +13,21 @@ def test_demangled_hopper_backward_schedule(causal):
     assert kernel_families([BWD.format(c=causal, p="false")]) == {"hopper_bwd_lockstep"}
 
 
+@pytest.mark.parametrize("causal", ["true", "false"])
+def test_demangled_windowed_hopper_backward_schedule(causal):
+    """The Is_local instantiations carry a sixth template argument after Pingpong."""
+    local = BWD.replace("{p}>", "{p}, true>")
+    assert kernel_families([local.format(c=causal, p="true")]) == {"hopper_bwd_turns"}
+    assert kernel_families([local.format(c=causal, p="false")]) == {"hopper_bwd_lockstep"}
+
+
 def test_mangled_hopper_backward_schedule():
     name = "_ZN5flash24flash_bwd_sm90_ws_kernelI13__nv_bfloat16Li64ELb1ELb0ELb{}EEEv16Flash_bwd_paramsNS_10BwdTmaMapsE"
     assert kernel_families([name.format(1)]) == {"hopper_bwd_turns"}
     assert kernel_families([name.format(0)]) == {"hopper_bwd_lockstep"}
+    local = name.replace("Lb{}EEEv", "Lb{}ELb1EEEv")  # Is_local after Pingpong
+    assert kernel_families([local.format(1)]) == {"hopper_bwd_turns"}
+    assert kernel_families([local.format(0)]) == {"hopper_bwd_lockstep"}
 
 
 def test_families_and_their_neighbours():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernels.reference import attention_ref, attention_varlen_ref
-from model.attention import AttentionUnavailable, CausalSelfAttention, resolve_backend
+from model.attention import AttentionUnavailable, CausalSelfAttention, resolve_backend, window_refusal
 from model.config import GPTConfig
 from model.gpt import GPT
 from training.config import ConfigError, load_config
@@ -146,7 +146,7 @@ def test_sdpa_backends_without_a_mask_refuse_a_window(backend):
     for device in ("cpu", "cuda"):  # decided before any device check
         with pytest.raises(AttentionUnavailable, match=f"model.attention={backend} cannot run a local window") as e:
             resolve_backend(backend, torch.device(device), 16, torch.float32, window=W)
-        assert "\n" not in str(e.value) and "use model.attention=sdpa (or auto, math)" in str(e.value)
+        assert "\n" not in str(e.value) and "use model.attention=flash or sdpa" in str(e.value)
     with pytest.raises(AttentionUnavailable, match="cannot run a local window"):
         CausalSelfAttention(_cfg(attention_window=W), backend, window=W)
     with pytest.raises(ConfigError, match=f"model.attention={backend} cannot run a local window"):
@@ -180,11 +180,9 @@ def test_model_flops_count_a_local_layer_at_its_window():
     assert wide.flops_per_token() == dense.flops_per_token()
 
 
-def test_auto_with_a_window_runs_sdpa_on_cuda_until_our_kernels_take_one():
-    cuda = torch.device("cuda")
-    backend, why = resolve_backend("auto", cuda, 64, torch.bfloat16, window=32)
-    assert backend == "sdpa" and "window" in why
-    with pytest.raises(AttentionUnavailable, match="model.attention=flash cannot run a local window"):
-        resolve_backend("flash", cuda, 64, torch.bfloat16, window=32)
-    with pytest.raises(ConfigError, match="our kernels have no window yet"):
-        load_config("tiny_cpu_local.yaml", ["model.attention=flash"])
+def test_flash_takes_a_window_and_maskless_sdpa_backends_do_not():
+    assert window_refusal("flash", 32) is None and window_refusal("auto", 32) is None
+    assert window_refusal("sdpa_cudnn", 0) is None
+    with pytest.raises(ConfigError, match="model.attention=sdpa_cudnn cannot run a local window"):
+        load_config("tiny_cpu_local.yaml", ["model.attention=sdpa_cudnn"])
+    assert load_config("tiny_cpu_local.yaml", ["model.attention=flash"]).model.attention_window == 32

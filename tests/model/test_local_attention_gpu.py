@@ -1,6 +1,6 @@
-"""A local layer (model.attention_window) on CUDA in bf16 for sdpa and math (dense and packed documents),
-against the fp32 windowed reference: each within 2x PyTorch's own bf16 error, forward and backward.
-Skipped without CUDA. (Our kernels take no window yet: resolve_backend sends local layers to SDPA.)"""
+"""A local layer (model.attention_window) on CUDA in bf16 for flash (our kernel's window_size: the packed-qkv,
+separate q/k/v and packed-document entry points), sdpa and math, against the fp32 windowed reference: each
+within 2x PyTorch's own bf16 error, forward and backward. Skipped without CUDA."""
 import pytest
 import torch
 
@@ -29,7 +29,7 @@ def _cfg(h, hk, d, t, w, backend):
     return GPTConfig(d_model=h * d, n_head=h, n_kv_head=hk, seq_len=t, attention=backend, attention_window=w)
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "math"])
+@pytest.mark.parametrize("backend", ["flash", "sdpa", "math"])
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("b,t,h,hk,d,w", [(2, 1024, 4, 4, 128, 256), (1, 777, 8, 2, 64, 100), (3, 129, 2, 1, 128, 1)])
 def test_local_layer_bf16_against_the_fp32_reference(backend, packed, b, t, h, hk, d, w):
@@ -63,3 +63,19 @@ def test_local_layer_bf16_against_the_fp32_reference(backend, packed, b, t, h, h
                                      (EPS_OUT, EPS_GRAD, EPS_GRAD, EPS_GRAD)):
         _check(f"{backend} packed={packed} w={w} {name}", ours, r, p, eps)
 
+
+def test_flash_packed_qkv_module_matches_reference_module():
+    """The module's packed-qkv entry point (flash, learned positions, no documents) with a window."""
+    h, hk, d, t, w = 4, 2, 64, 512, 128
+    torch.manual_seed(0)
+    flash = CausalSelfAttention(_cfg(h, hk, d, t, w, "flash"), "flash", window=w).cuda()
+    ref = CausalSelfAttention(_cfg(h, hk, d, t, w, "reference"), "reference", window=w).cuda()
+    ref.load_state_dict(flash.state_dict())
+    x = torch.randn(2, t, h * d, device="cuda")
+    with torch.autocast("cuda", torch.bfloat16):
+        got = flash(x)
+        want_bf16 = CausalSelfAttention(_cfg(h, hk, d, t, w, "sdpa"), "sdpa", window=w).cuda()
+        want_bf16.load_state_dict(flash.state_dict())
+        pt = want_bf16(x)
+    want = ref(x)  # fp32 throughout
+    _check("flash packed qkv module", got, want, pt, EPS_OUT)

@@ -34,5 +34,5 @@ def test_sdpa_flash_with_a_window_is_one_config_error_line(tmp_path):
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == (
         "config error: model.attention=sdpa_flash cannot run a local window (model.attention_window=32: that SDPA "
-        "backend takes no mask); use model.attention=sdpa (or auto, math), or model.attention_window=0"), \
+        "backend takes no mask); use model.attention=flash or sdpa (or auto, math), or model.attention_window=0"), \
         proc.stderr[-3000:]

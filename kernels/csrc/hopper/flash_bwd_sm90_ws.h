@@ -75,7 +75,12 @@ struct BwsSmem {
     static_assert(bytes <= 227 * 1024, "over the H100's 227 KB of shared memory per block");
 };
 
-template <typename T, int D, bool Is_causal, bool Is_even, bool Pingpong>
+// Is_local: a local window (flash.h). The key block visits only the query blocks whose band reaches its
+// keys (BwdRange::apply_window narrows [m_min, m_max), which every loop of the producer's three warps and
+// of the consumers walks, so their slots and parities stay in step; an empty range runs no step and
+// stores zero dK / dV), and P^T is masked where a query block crosses a band edge. A separate
+// instantiation (ragged only), so the kernels of calls without a window keep their code.
+template <typename T, int D, bool Is_causal, bool Is_even, bool Pingpong, bool Is_local = false>
 __global__ void __launch_bounds__(kBwsThreads, 1)
     flash_bwd_sm90_ws_kernel(const __grid_constant__ Flash_bwd_params params, const __grid_constant__ BwdTmaMaps maps) {
 #ifdef FLASHGPT_WGMMA_ENABLED
@@ -100,7 +105,12 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
 
     const SeqInfo seq(params, b);
     if (n_block * BN >= seq.sk) return;
-    const BwdRange range = BwdRange::make<Is_causal>(seq, n_block, BM, BN);
+    static_assert(!Is_local || !Is_even, "a local window runs the ragged kernel");
+    const BwdRange range = [&] {
+        BwdRange r = BwdRange::make<Is_causal>(seq, n_block, BM, BN);
+        if constexpr (Is_local) r.apply_window<Is_causal>(params, n_block, BM, BN);
+        return r;
+    }();
     const BwdBlockPtrs<T> gp(params, seq, b, h, n_block, BN, D);
 
     if (tid == 0) {
@@ -166,8 +176,15 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
                 int *sem = nullptr;
                 if (params.deterministic) {  // add in key-block order: after blocks 0..n_block-1
                     sem = params.dq_semaphore + (int64_t(b) * params.h + h) * cdiv(params.seqlen_q, BM) + m;
+                    // Under a local window only the key blocks whose range holds m add to its tile,
+                    // and they are consecutive: n_first .. n_last, n_first = the block of the first
+                    // key of m's first row (the ranges' bounds grow with the key block). So wait for
+                    // the n_block - n_first blocks before this one among them (BwdRange::dq_order),
+                    // each of which visits m and counts once: never for a block that skips m.
+                    int order = n_block;
+                    if constexpr (Is_local) order = range.dq_order<false>(m, n_block, BM, BN);
                     if (lane == 0) {
-                        while (*reinterpret_cast<volatile int *>(sem) != n_block) { }
+                        while (*reinterpret_cast<volatile int *>(sem) != order) { }
                         __threadfence();
                         fence_async_all();
                     }
@@ -219,12 +236,21 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         wgmma_fence();
         issue_st_dpt<T, D>(acc_s, acc_dp, k_rows, v_rows, sQ + s * L::Q, sdO + s * L::Q);
         wgmma_wait<1>();  // S^T has landed
-        const bool need_mask = (Is_causal && n_block * BN + BN - 1 > m * BM + range.causal_off) ||
-                               (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk));
-        exp_pt</*kLseLog2=*/true>(acc_s, sLSE + s * BM, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t,
-                                  [&](int key, int q) {
-                                      return key >= seq.sk || q >= seq.sq || (Is_causal && key > q + range.causal_off);
-                                  });
+        if constexpr (Is_local) {  // the window's mask (causal folded in), keys past sk, queries past sq
+            const bool need_mask = range.need_mask<Is_causal, false>(m, n_block, BM, BN) || (m + 1) * BM > seq.sq;
+            exp_pt</*kLseLog2=*/true>(acc_s, sLSE + s * BM, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g,
+                                      t, [&](int key, int q) {
+                                          return q >= seq.sq || range.masked<Is_causal, false>(key, q);
+                                      });
+        } else {
+            const bool need_mask = (Is_causal && n_block * BN + BN - 1 > m * BM + range.causal_off) ||
+                                   (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk));
+            exp_pt</*kLseLog2=*/true>(acc_s, sLSE + s * BM, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g,
+                                      t, [&](int key, int q) {
+                                          return key >= seq.sk || q >= seq.sq ||
+                                                 (Is_causal && key > q + range.causal_off);
+                                      });
+        }
     };
     // Block it's dQ slice (this warpgroup's 64 x 64 fp32 accumulator) into sub-tile cw of staging
     // buffer it % DQS, once the bulk unit has read what that buffer held; then hand it over.
@@ -484,12 +510,18 @@ bool run_flash_bwd_sm90_ws(Flash_bwd_params &params, cudaStream_t stream) {
     const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_k, kBwsBN), /*group=*/2);
     const bool is_even = !varlen && params.seqlen_q % BwsSmem<D>::BM == 0 && params.seqlen_k % kBwsBN == 0;
     const bool pingpong = pingpong_backward(D, params.is_causal, params.seqlen_q, params.seqlen_k);
+    auto launch = [&](auto kernel, int smem) {
+        FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        kernel<<<grid, kBwsThreads, smem, stream>>>(params, maps);
+        FLASH_KERNEL_LAUNCH_CHECK();
+    };
+    if (has_window(params)) {  // the Is_local instantiations: ragged, either schedule
+        if (pingpong) launch(&flash_bwd_sm90_ws_kernel<T, D, Is_causal, false, true, true>, BwsSmem<D, 1, 3>::bytes);
+        else launch(&flash_bwd_sm90_ws_kernel<T, D, Is_causal, false, false, true>, BwsSmem<D>::bytes);
+        params.dq_accum_tiled = true;  // for the post-pass
+        return true;
+    }
     BOOL_SWITCH(is_even, Is_even, [&] {
-        auto launch = [&](auto kernel, int smem) {
-            FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-            kernel<<<grid, kBwsThreads, smem, stream>>>(params, maps);
-            FLASH_KERNEL_LAUNCH_CHECK();
-        };
         if (pingpong) return launch(&flash_bwd_sm90_ws_kernel<T, D, Is_causal, Is_even, true>, BwsSmem<D, 1, 3>::bytes);
         launch(&flash_bwd_sm90_ws_kernel<T, D, Is_causal, Is_even, false>, BwsSmem<D>::bytes);
     });

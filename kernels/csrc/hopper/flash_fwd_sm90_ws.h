@@ -93,6 +93,27 @@ __device__ __forceinline__ int2 block_rows(int m_block, int sq) {
     }
 }
 
+// The key tiles (of BN keys) a block of query rows sees under a local window (Flash_fwd_params::
+// window_left / window_right, flash.h; a causal mask folded in as the right bound 0): tiles
+// [n_min, n_min + n_tiles), n_tiles = 0 when no row of the block sees a key. row_start: the block's first
+// row in the sequence; rows: its rows inside the sequence (>= 1). The producer (which loads exactly these
+// tiles, from the last down) and the consumers (which run exactly n_tiles steps) both call this, so their
+// ring slots and parities stay in step. Key tiles outside [n_min, n_max) hold no key any row sees.
+struct KeyRange {
+    int n_min, n_tiles;
+};
+template <bool Is_causal, int BN>
+__device__ __forceinline__ KeyRange local_key_range(const Flash_fwd_params &p, int row_start, int rows, int sq,
+                                                    int sk) {
+    Window win(p);
+    if (Is_causal) win.right = min(win.right, 0);
+    const int off = sk - sq;
+    const int last_key = win.last_key(row_start + rows - 1, off);  // of the block's last row
+    const int n_max = last_key < 0 ? 0 : min(cdiv(sk, BN), last_key / BN + 1);
+    const int n_min = max(0, win.first_key(row_start, off)) / BN;  // of the block's first row
+    return KeyRange{n_min, max(0, n_max - n_min)};
+}
+
 // NC consumer warpgroups, each owning 64 query rows of the block: two at head dim 128; at head dim 64
 // three (run_flash_fwd_sm90_ws), where a key tile's products take half as long as at 128 for the same softmax work, so two warpgroups'
 // products are needed to cover one warpgroup's softmax (FlashAttention-3's choice).
@@ -114,8 +135,11 @@ constexpr int kWsBarrierOffset = kWsQBufs * kWsQTileBytes<D, NC> + 2 * kWsStages
 template <int D, int NC>
 constexpr int kWsSmemBytes = kWsBarrierOffset<D, NC> + (2 * kWsQBufs + 4 * kWsStages<D>) * 8 + kWsQBufs * 16;
 
+// Is_local: a local window (flash.h) -- each block loads and runs only the key tiles its band reaches
+// (local_key_range), and the softmax masks the tiles across the band's edges (FwdRowState::mask_window).
+// A separate instantiation, so the kernels of calls without a window keep their code.
 template <typename T, int D, int NC, bool Is_causal, bool Is_even, bool Short_first = false,
-          bool Strided = false>
+          bool Strided = false, bool Is_local = false>
 __global__ void __launch_bounds__(kWsThreads<NC>, 1)
     flash_fwd_sm90_ws_kernel(const __grid_constant__ Flash_fwd_params params, const __grid_constant__ FwdTmaMaps maps,
                              const FwdTiles tiles) {
@@ -124,6 +148,8 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
     constexpr bool kShortFirst = Short_first;  // block layout: block_rows
     static_assert(!Short_first || (NC == 3 && Is_causal), "the short-first layout is for 192-row causal blocks");
     static_assert(!Strided || (D == 128 && !Is_causal), "the strided schedule is for equal tiles (FwdTiles)");
+    static_assert(!Is_local || (!Short_first && !Strided && !Is_even),
+                  "a local window runs the ragged layout with blocks at multiples of BM and the list schedule");
     constexpr int kTile = kWsTileBytes<D>, kQTile = kWsQTileBytes<D, NC>;
     constexpr int kAtomCols = D / 64;  // TMA boxes per tile (64 columns each)
     extern __shared__ __align__(1024) uint8_t smem[];
@@ -197,8 +223,17 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
                 const int b = tile.bh / params.h, h = tile.bh % params.h;
                 const SeqInfo seq(params, b);
                 const int2 rows = block_rows<BM, kShortFirst>(m_block, seq.sq);
-                int n_tiles;
-                if constexpr (kShortFirst) {
+                int n_tiles, n_first = 0;  // key tiles [n_first, n_first + n_tiles), loaded from the last down
+                if constexpr (Is_local) {
+                    if (m_block * BM >= seq.sq) {
+                        n_tiles = -1;
+                    } else {
+                        const KeyRange kr = local_key_range<Is_causal, BN>(params, rows.x, min(seq.sq - rows.x, BM),
+                                                                           seq.sq, seq.sk);
+                        n_first = kr.n_min;
+                        n_tiles = kr.n_tiles;
+                    }
+                } else if constexpr (kShortFirst) {
                     n_tiles = m_block * BM >= seq.sq ? -1
                         : FwdBlock<T>::template make_rows<Is_causal>(params, seq, b, h, rows.x, rows.y, BN).n_block_max;
                 } else {
@@ -218,7 +253,8 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
 #pragma unroll
                     for (int c = 0; c < kAtomCols; ++c)
                         tma_load_4d(sQ + qb * kQTile + c * BM * 128, &maps.q, q_full + 8 * qb, c * 64, q_row, h, batch);
-                    for (int row = k_row + (n_tiles - 1) * BN; row >= k_row; row -= BN) {  // from the causal diagonal down
+                    for (int row = k_row + (n_first + n_tiles - 1) * BN; row >= k_row + n_first * BN;
+                         row -= BN) {  // from the causal diagonal down
                         mbar_wait(k_empty + 8 * s, empty_parity);
                         mbar_arrive_expect_tx(k_full + 8 * s, kTile);
 #pragma unroll
@@ -305,7 +341,12 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
         } else {
             fb = FwdBlock<T>::template make<Is_causal>(params, seq, b, h, m_block, BM, BN);
         }
-        const int n_tiles = fb.n_block_max;
+        int n_tiles = fb.n_block_max, n_first = 0;  // key tiles [n_first, n_first + n_tiles), as the producer's
+        if constexpr (Is_local) {
+            const KeyRange kr = local_key_range<Is_causal, BN>(params, row_start, min(fb.rows_left, BM), seq.sq, seq.sk);
+            n_first = kr.n_min;
+            n_tiles = kr.n_tiles;
+        }
         if (n_tiles <= 0) {
             fb.write_empty(params, BM, D, tid - 128, 128 * NC);
             free_q_now(qb);
@@ -323,7 +364,7 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
             take_turn();
             pass_turn();
         };
-        auto key_block = [&](int it) { return n_tiles - 1 - it; };  // from the causal diagonal down
+        auto key_block = [&](int it) { return n_first + n_tiles - 1 - it; };  // from the causal diagonal down
         if constexpr (NC == 3 && !Is_causal) {
             if (fb.rows_left <= 64 * cw) {
                 // None of this warpgroup's rows is in the sequence (the last block of a sequence
@@ -349,8 +390,15 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
         uint32_t p[8][4];  // P_{it-1} as A fragments
 
         auto softmax = [&](int it) {
-            st.template softmax<Is_causal, Is_even>(acc_s, key_block(it), row_start + row0, seq.sk, fb.causal_off,
-                                                    params.scale_softmax_log2, g, t);
+            if constexpr (Is_local) {  // the window's mask (causal folded in, keys past sk), then no other
+                st.template mask_window<Is_causal>(acc_s, key_block(it), row_start + row0, seq.sk, fb.causal_off,
+                                                   params, g, t);
+                st.template softmax<false, true>(acc_s, key_block(it), row_start + row0, seq.sk, fb.causal_off,
+                                                 params.scale_softmax_log2, g, t);
+            } else {
+                st.template softmax<Is_causal, Is_even>(acc_s, key_block(it), row_start + row0, seq.sk,
+                                                        fb.causal_off, params.scale_softmax_log2, g, t);
+            }
         };
 
         // This warpgroup's first key tile. Under a causal mask the rows of one warpgroup may
@@ -360,9 +408,11 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
         // have filled, so a release never runs ahead into a later round. At least one tile stays, so
         // the products below run on every path (rows with no key come out as empty rows, as without
         // the skip; a warpgroup with no row in the sequence took the path above).
+        // Under a local window every warpgroup runs all the block's tiles (the mask covers the rows that
+        // see fewer).
         int it0 = 0;
         bool half0 = false;  // this warpgroup's first key tile: only its first 64 keys are seen
-        if constexpr (Is_causal) {
+        if constexpr (Is_causal && !Is_local) {
             const int row_end = kShortFirst ? row_start + fb.rows_left : seq.sq;  // past the block's last row
             const int row_first = row_start + cw * 64, last_key = min(row_first + 63, row_end - 1) + fb.causal_off;
             const int n_mine = row_first >= row_end || last_key < 0 ? 0 : last_key / BN + 1;
@@ -482,7 +532,10 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
     const dim3 order = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM<NC>), /*group=*/2);
     FwdTiles tiles{int(order.x), int(order.y), int(order.x * order.y * order.z), nullptr};
     int ctas = tiles.num_tiles;
-    const bool strided = strided_forward(D, Is_causal, varlen);  // FwdTiles
+    const bool local = has_window(params);
+    // A windowed call's blocks are unequal: no strided schedule (FwdTiles); the list schedule where the
+    // binding gave a tile counter (fwd_needs_tile_counter), else one CTA per tile.
+    const bool strided = !local && strided_forward(D, Is_causal, varlen);
     if (strided) {
         ctas = std::min(ctas, sm_count());
     } else if (params.tile_counter != nullptr) {  // one CTA per SM walks the list
@@ -492,6 +545,14 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
     // Is_even: no key tile runs past the keys (only the softmax's key mask reads it; rows past seqlen_q
     // are zero-filled by the TMA and never stored, so seqlen_q need not be a multiple of BM).
     const bool is_even = !varlen && params.seqlen_k % kWsBN == 0;
+    if (local) {  // one instantiation: ragged, blocks at multiples of BM (Is_local's static_assert)
+        auto kernel = &flash_fwd_sm90_ws_kernel<T, D, NC, Is_causal, false, false, false, true>;
+        FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              kWsSmemBytes<D, NC>));
+        kernel<<<ctas, kWsThreads<NC>, kWsSmemBytes<D, NC>, stream>>>(params, maps, tiles);
+        FLASH_KERNEL_LAUNCH_CHECK();
+        return true;
+    }
     BOOL_SWITCH(is_even, Is_even, [&] {
         auto launch = [&](auto short_first, auto strided_tag) {
             auto kernel = &flash_fwd_sm90_ws_kernel<T, D, NC, Is_causal, Is_even, decltype(short_first)::value,

@@ -7,6 +7,7 @@
 #pragma once
 #include <cmath>
 #include "../flash.h"
+#include "../flash_fwd_kernel.h"  // Window
 #include "../utils.h"
 #include "wgmma.h"
 
@@ -103,6 +104,31 @@ struct FwdRowState {
                     sum += pe;
                 }
             row_sum[hr] = row_sum[hr] * corr[hr] + sum;
+        }
+    }
+
+    // Under a local window (Flash_fwd_params::window_left / window_right; Is_causal: the right bound at
+    // most 0): S of key tile n_block set to -inf where a key lies outside its row's band or past sk. Only
+    // tiles that cross a band edge of one of this warp's 16 rows (or the keys' end) are touched; the
+    // softmax that follows then runs unmasked (softmax<false, true>). qrow0: the warp's first row in the
+    // sequence; causal_off = sk - sq.
+    template <bool Is_causal>
+    __device__ __forceinline__ void mask_window(float (&s)[64], int n_block, int qrow0, int sk, int causal_off,
+                                                const Flash_fwd_params &p, int g, int t) const {
+        Window win(p);
+        if (Is_causal) win.right = min(win.right, 0);
+        const int key0 = n_block * BN, key_end = key0 + BN;  // the tile's keys [key0, key_end)
+        const bool inside = key_end <= sk && key0 >= win.first_key(qrow0 + 15, causal_off) &&
+                            key_end - 1 <= win.last_key(qrow0, causal_off);
+        if (!inside) {
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = key0 + j * 8 + 2 * t + (e & 1);
+                    const int qrow = qrow0 + g + (e >= 2 ? 8 : 0);
+                    if (key >= sk || win.masked(key, qrow, causal_off)) s[4 * j + e] = -INFINITY;
+                }
         }
     }
 
