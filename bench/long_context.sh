@@ -45,7 +45,14 @@ run c4_64k 4 gpt_1.3b_64k.yaml
 # Longer windows on the 64k config, each up a ladder until a rung fits: as configured; the MLP's GELU and
 # the attention recomputed in the backward; and those with FSDP2 (weights, gradients and AdamW moments
 # sharded over the 4 GPUs: ~16 GB less each for 1.3B). A longer window starts at the rung the last needed;
-# the sweep ends at the first window no rung fits.
+# the sweep ends at the first window no rung fits. These windows read the shipped corpus 8 times over
+# (data/corpus holds ~160k training tokens, fewer than one 256k window; repeats change no step's cost).
+LONG_DATA=$OUT/corpus_x8
+if [ ! -d $LONG_DATA ]; then
+  mkdir -p $LONG_DATA.tmp
+  for f in data/corpus/*.jsonl; do for _ in 1 2 3 4 5 6 7 8; do cat "$f"; done > $LONG_DATA.tmp/$(basename "$f"); done
+  mv $LONG_DATA.tmp $LONG_DATA
+fi
 RUNGS=("" "_recompute" "_fsdp")
 RUNG_ARGS=("" "model.recompute_gelu=true model.recompute_attention=true"
            "model.recompute_gelu=true model.recompute_attention=true engine.parallel=fsdp")
@@ -54,7 +61,8 @@ for seq in $LONGEST; do  # longer windows
   rc=3
   for ((i = first; i < ${#RUNGS[@]}; i++)); do
     # shellcheck disable=SC2086  # RUNG_ARGS holds several overrides
-    run c4_$(( seq / 1024 ))k${RUNGS[$i]} 4 gpt_1.3b_64k.yaml model.seq_len=$seq ${RUNG_ARGS[$i]}; rc=$?
+    run c4_$(( seq / 1024 ))k${RUNGS[$i]} 4 gpt_1.3b_64k.yaml model.seq_len=$seq "data.source=[$LONG_DATA]" \
+      ${RUNG_ARGS[$i]}; rc=$?
     [ $rc -eq 0 ] || [ $rc -eq 1 ] && break  # trained, or failed otherwise than by memory: no next rung
     [ $rc -eq 3 ] && first=$(( i + 1 < ${#RUNGS[@]} ? i + 1 : i ))  # out of memory: longer windows start higher
   done

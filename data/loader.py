@@ -79,8 +79,9 @@ class PackedLoader:
         if self._wrap and (self.shuffle or self.n_tokens == 0):
             need = per_step * seq_len + 1
             raise DataError(f"split '{split}' of {self.data_dir} has {self.n_tokens} tokens, fewer than one "
-                            f"step of world_size x micro_batch_size x seq_len + 1 = {need}; lower "
-                            f"model.seq_len or train.micro_batch_size, or add data")
+                            f"step of {world_size} data-parallel rank(s) x micro_batch_size {micro_batch_size} x "
+                            f"seq_len {seq_len} + 1 = {need}; lower model.seq_len or train.micro_batch_size, "
+                            f"or add data")
         self.n_windows = per_step if self._wrap else n_windows
         multiple = epoch_multiple or per_step
         if multiple % per_step:
