@@ -17,6 +17,29 @@ def require_extension():
         pytest.fail("extension did not build: " + kernels.unavailable_reason())
 
 
+@pytest.fixture(scope="module", autouse=True)
+def built_and_poisoned():
+    """Autouse in the test modules that import it: the extension must have built (fail, not skip), and
+    every uninitialised output starts as NaN (poison_uninitialised_memory)."""
+    require_extension()
+    with poison_uninitialised_memory():
+        yield
+
+
+def max_err(a, ref) -> float:
+    """max |a - ref| in fp32."""
+    return (a.float() - ref.float()).abs().max().item()
+
+
+def check_against_torch(name: str, ours, ref, pt, eps: float):
+    """ours within 2x PyTorch's own error (pt, the same op in the input dtype) of the fp32 reference, + eps;
+    no NaN or inf (an unwritten, poisoned element). Returns (ours' error, torch's)."""
+    assert torch.isfinite(ours).all(), f"{name}: NaN or inf in output (unwritten element?)"
+    e, e_pt = max_err(ours, ref), max_err(pt, ref)
+    assert e <= 2 * e_pt + eps, f"{name}: max err {e:.3e} > 2 x torch's {e_pt:.3e} + {eps}"
+    return e, e_pt
+
+
 def ext():
     from kernels.build import load_extension
 

@@ -23,28 +23,15 @@ pytestmark = [pytest.mark.gpu,
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-import kernels  # noqa: E402
 from kernels import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func  # noqa: E402
 from kernels.reference import attention_ref, attention_varlen_ref  # noqa: E402
-from gpu_util import backward_path_fixture, poison_uninitialised_memory  # noqa: E402
+# built_and_poisoned (autouse): outputs start as NaN, so an element a kernel leaves unwritten fails the comparison
+from gpu_util import backward_path_fixture, built_and_poisoned, check_against_torch, max_err  # noqa: E402,F401
 
 DTYPES = [torch.bfloat16, torch.float16]
 HDIMS = [64, 96, 128]
 EPS_OUT, EPS_GRAD = 1e-4, 1e-3
 _seed = itertools.count(1234)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _ext():
-    if not kernels.is_available():
-        pytest.fail("extension did not build: " + kernels.unavailable_reason())
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _poison():
-    """Outputs start as NaN: an element a kernel leaves unwritten fails the comparison."""
-    with poison_uninitialised_memory():
-        yield
 
 
 # Every check runs through the default dispatch (on Hopper the warp-specialised TMA kernels at head
@@ -57,17 +44,6 @@ kernel_path = backward_path_fixture(["default", "fa2", "hopper", "lockstep", "tu
 @pytest.fixture(autouse=True)
 def _every_path(kernel_path):
     return kernel_path
-
-
-def _err(a, ref):
-    return (a.float() - ref.float()).abs().max().item()
-
-
-def _check(name, ours, ref, pt, eps):
-    assert not torch.isnan(ours).any(), f"{name}: NaN in output (unwritten element?)"
-    e, e_pt = _err(ours, ref), _err(pt, ref)
-    assert e <= 2 * e_pt + eps, f"{name}: max err {e:.3e} > 2 x torch's {e_pt:.3e} + {eps}"
-    return e, e_pt
 
 
 def _grads(out, inputs, dout):
@@ -91,10 +67,10 @@ def run_dense(b, h, hk, sq, sk, d, dtype, causal, deterministic=False, scale=Non
     out_pt, _ = attention_ref(q, k, v, causal, scale, upcast=False)
     dq_pt, dk_pt, dv_pt = _grads(out_pt, (q, k, v), dout)
 
-    _check("out", out, out_ref, out_pt, EPS_OUT)
-    _check("dq", dq, dq_ref, dq_pt, EPS_GRAD)
-    _check("dk", dk, dk_ref, dk_pt, EPS_GRAD)
-    _check("dv", dv, dv_ref, dv_pt, EPS_GRAD)
+    check_against_torch("out", out, out_ref, out_pt, EPS_OUT)
+    check_against_torch("dq", dq, dq_ref, dq_pt, EPS_GRAD)
+    check_against_torch("dk", dk, dk_ref, dk_pt, EPS_GRAD)
+    check_against_torch("dv", dv, dv_ref, dv_pt, EPS_GRAD)
     return q, k, v, dout, out, (dq, dk, dv)
 
 
@@ -233,9 +209,9 @@ def _check_varlen(lens_q, lens_k, h, hk, d, dtype, causal):
     grads_ref = _grads(out_ref, (qf, kf, vf), dout.float())
     out_pt, _ = attention_varlen_ref(q, k, v, cu_q, cu_k, causal, upcast=False)
     grads_pt = _grads(out_pt, (q, k, v), dout)
-    _check("out", out, out_ref, out_pt, EPS_OUT)
+    check_against_torch("out", out, out_ref, out_pt, EPS_OUT)
     for n, a, r, p in zip(("dq", "dk", "dv"), grads, grads_ref, grads_pt):
-        _check(n, a, r, p, EPS_GRAD)
+        check_against_torch(n, a, r, p, EPS_GRAD)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -296,7 +272,7 @@ def test_qkvpacked_matches_the_slices(h, hk, d, causal):
     assert torch.equal(g_p, g_s)
     assert torch.isfinite(g_p).all() and g_p.abs().amax(dim=(0, 1, 3)).min() > 0  # every head has a gradient
     out_ref, _ = attention_ref(q.float(), k.float(), v.float(), causal, d ** -0.5, upcast=True)
-    assert _err(out_p, out_ref) < 2e-2
+    assert max_err(out_p, out_ref) < 2e-2
 
 
 def test_qkvpacked_compiles_fullgraph():

@@ -22,11 +22,10 @@ pytestmark = [pytest.mark.gpu,
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-import kernels  # noqa: E402
 from kernels import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func  # noqa: E402
 from kernels.reference import attention_ref, attention_varlen_ref  # noqa: E402
-from gpu_util import (backward_path_fixture, is_hopper, kernel_families, kernel_path,  # noqa: E402
-                      launched_kernels, poison_uninitialised_memory, skip_same_kernel)
+from gpu_util import (backward_path_fixture, built_and_poisoned, check_against_torch,  # noqa: E402,F401
+                      is_hopper, kernel_families, kernel_path, launched_kernels, skip_same_kernel)
 
 # The kernel paths the correctness tests run on: the default (on sm_90 the Hopper kernels, the backward in
 # lock-step below 1024 queries, in turns from there) and, on Hopper only, FA2 in both passes, the FA2
@@ -38,28 +37,6 @@ HDIMS = [64, 96, 128]
 WINDOWS = [(0, 0), (1, 0), (127, 0), (256, 256), (-1, 64), (512, -1)]
 EPS_OUT, EPS_GRAD = 1e-4, 1e-3
 _seed = itertools.count(4321)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _ext():
-    if not kernels.is_available():
-        pytest.fail("extension did not build: " + kernels.unavailable_reason())
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _poison():
-    with poison_uninitialised_memory():
-        yield
-
-
-def _err(a, ref):
-    return (a.float() - ref.float()).abs().max().item()
-
-
-def _check(name, ours, ref, pt, eps):
-    assert not torch.isnan(ours).any(), f"{name}: NaN in output (unwritten element?)"
-    e, e_pt = _err(ours, ref), _err(pt, ref)
-    assert e <= 2 * e_pt + eps, f"{name}: max err {e:.3e} > 2 x torch's {e_pt:.3e} + {eps}"
 
 
 def _check_lse(lse, lse_ref, out, rows_dim):
@@ -92,10 +69,10 @@ def run_dense(b, h, hk, sq, sk, d, dtype, causal, window, deterministic=False):
     out_pt, _ = attention_ref(q, k, v, causal, upcast=False, window_size=window)
     grads_pt = _grads(out_pt, (q, k, v), dout)
 
-    _check("out", out, out_ref, out_pt, EPS_OUT)
+    check_against_torch("out", out, out_ref, out_pt, EPS_OUT)
     _check_lse(lse, lse_ref, out, 1)
     for n, a, r, p in zip(("dq", "dk", "dv"), grads, grads_ref, grads_pt):
-        _check(n, a, r, p, EPS_GRAD)
+        check_against_torch(n, a, r, p, EPS_GRAD)
     return q, k, v, dout, out, grads
 
 
@@ -168,10 +145,10 @@ def test_window_varlen(dtype, d, window, causal, path):
     grads_ref = _grads(out_ref, (qf, kf, vf), dout.float())
     out_pt, _ = attention_varlen_ref(q, k, v, cu_q, cu_k, causal, upcast=False, window_size=window)
     grads_pt = _grads(out_pt, (q, k, v), dout)
-    _check("out", out, out_ref, out_pt, EPS_OUT)
+    check_against_torch("out", out, out_ref, out_pt, EPS_OUT)
     _check_lse(lse, lse_ref, out, 0)
     for n, a, r, p in zip(("dq", "dk", "dv"), grads, grads_ref, grads_pt):
-        _check(n, a, r, p, EPS_GRAD)
+        check_against_torch(n, a, r, p, EPS_GRAD)
 
 
 @pytest.mark.parametrize("name", ["default", "lockstep", "fa2"])

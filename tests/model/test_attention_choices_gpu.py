@@ -10,6 +10,7 @@ if not torch.cuda.is_available():
 
 from torch._inductor.utils import run_and_get_code  # noqa: E402
 
+from gpu_util import max_err  # noqa: E402
 from kernels.reference import attention_ref  # noqa: E402
 from model.attention import AttentionUnavailable, CausalSelfAttention, resolve_backend  # noqa: E402
 from model.config import GPTConfig  # noqa: E402
@@ -19,10 +20,6 @@ EPS_OUT, EPS_GRAD = 1e-4, 1e-3
 CUDA = torch.device("cuda")
 # the aten op each backend's SDPA call must become, eager and compiled
 ATEN = {"sdpa_flash": "_scaled_dot_product_flash_attention", "sdpa_cudnn": "_scaled_dot_product_cudnn_attention"}
-
-
-def _err(a, ref):
-    return (a.float() - ref.float()).abs().max().item()
 
 
 @pytest.mark.parametrize("backend", ["math", "sdpa_flash", "sdpa_cudnn"])
@@ -46,7 +43,7 @@ def test_bf16_against_the_fp32_reference(backend, b, t, h, hk, d):
     for name, ours, r, p, eps in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads),
                                      (pt, *pt_grads), (EPS_OUT, EPS_GRAD, EPS_GRAD, EPS_GRAD)):
         assert torch.isfinite(ours).all(), name
-        e, e_pt = _err(ours, r), _err(p, r)
+        e, e_pt = max_err(ours, r), max_err(p, r)
         assert e <= 2 * e_pt + eps, f"{backend} {name}: max err {e:.3e} > 2 x torch's {e_pt:.3e} + {eps}"
 
 
@@ -133,5 +130,5 @@ def test_math_under_autocast_keeps_its_probabilities_in_bf16():
     pt_grads = torch.autograd.grad(pt, (q, k, v), dout.bfloat16())
     for name, ours, r, p in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads), (pt, *pt_grads)):
         assert torch.isfinite(ours).all(), name
-        e, e_pt = _err(ours, r), _err(p, r)
+        e, e_pt = max_err(ours, r), max_err(p, r)
         assert e <= 2 * e_pt + EPS_GRAD, f"math {name}: max err {e:.3e} > 2 x torch's {e_pt:.3e}"

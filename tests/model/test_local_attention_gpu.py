@@ -8,21 +8,12 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
+from gpu_util import check_against_torch  # noqa: E402
 from kernels.reference import attention_ref, attention_varlen_ref  # noqa: E402
 from model.attention import CausalSelfAttention  # noqa: E402
 from model.config import GPTConfig  # noqa: E402
 
 EPS_OUT, EPS_GRAD = 1e-4, 1e-3
-
-
-def _err(a, ref):
-    return (a.float() - ref.float()).abs().max().item()
-
-
-def _check(name, ours, ref, pt, eps):
-    assert torch.isfinite(ours).all(), name
-    e, e_pt = _err(ours, ref), _err(pt, ref)
-    assert e <= 2 * e_pt + eps, f"{name}: max err {e:.3e} > 2 x torch's {e_pt:.3e} + {eps}"
 
 
 def _cfg(h, hk, d, t, w, backend):
@@ -61,7 +52,7 @@ def test_local_layer_bf16_against_the_fp32_reference(backend, packed, b, t, h, h
     pt_grads = torch.autograd.grad(pt, (q, k, v), dout)
     for name, ours, r, p, eps in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads), (pt, *pt_grads),
                                      (EPS_OUT, EPS_GRAD, EPS_GRAD, EPS_GRAD)):
-        _check(f"{backend} packed={packed} w={w} {name}", ours, r, p, eps)
+        check_against_torch(f"{backend} packed={packed} w={w} {name}", ours, r, p, eps)
 
 
 def test_flash_packed_qkv_module_matches_reference_module():
@@ -78,4 +69,4 @@ def test_flash_packed_qkv_module_matches_reference_module():
         want_bf16.load_state_dict(flash.state_dict())
         pt = want_bf16(x)
     want = ref(x)  # fp32 throughout
-    _check("flash packed qkv module", got, want, pt, EPS_OUT)
+    check_against_torch("flash packed qkv module", got, want, pt, EPS_OUT)
