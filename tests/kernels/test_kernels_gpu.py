@@ -234,14 +234,15 @@ def test_varlen_many_short_sequences(d, causal):
     _check_varlen(lens, lens, 2, 2, d, torch.bfloat16, causal)
 
 
-def test_torch_compile_fullgraph():
+@pytest.mark.parametrize("window_size", [(-1, -1), (63, 0)])  # dense, and a local layer's band
+def test_torch_compile_fullgraph(window_size):
     torch.manual_seed(next(_seed))
 
     def f(q, k, v):
-        return flash_attn_func(q, k, v, causal=True).float().square().sum()
+        return flash_attn_func(q, k, v, causal=True, window_size=window_size).float().square().sum()
 
     cf = torch.compile(f, fullgraph=True)
-    q, k, v = (torch.randn(2, 200, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    q, k, v = (torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     l1 = f(q, k, v)
     g1 = torch.autograd.grad(l1, (q, k, v))
