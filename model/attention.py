@@ -191,7 +191,7 @@ class CausalSelfAttention(nn.Module):
         self.deterministic = False
         # model.recompute_attention: keep only q, k, v (not the backend's own saved tensors, the s x s
         # probabilities for `math`) and run the attention's forward again in the backward
-        self.recompute = cfg.recompute_attention
+        self.recompute = cfg.recompute_attention and not cfg.recompute_blocks  # a recomputed block redoes it
         # set from outside (training/context_parallel: attach/detach), None on one device: a callable
         # cp(q, k, v, local) -> y that exchanges this rank's sequence slice for the full sequence of a
         # share of the heads, runs `local` (this module's own attention) on it and exchanges back

@@ -56,6 +56,11 @@ class GPTConfig:
     # leaves over: 2.7B-8k at micro-batch 2 on one H100, 14 (18 blocks keep theirs) -> 84.0 GB and +0.45%;
     # on several GPUs NCCL's own ~1.6 GB leaves no room for that (bench/RESULTS.md).
     recompute_gelu_layers: int = -1
+    # recompute_blocks: each block keeps only its input and runs its whole forward again in the backward
+    # (activation checkpointing, torch.utils.checkpoint around every block): ~1 unit per token and block
+    # instead of ~17, for one more forward pass (~1/3 more compute, uncounted in model FLOPs). The longest
+    # windows (bench/long_context.sh); it supersedes recompute_attention (one recomputation, not two).
+    recompute_blocks: bool = False
     # norm_saves_output: the blocks' LayerNorms keep their (bf16) output, which the next projection
     # keeps anyway, instead of their input too; the backward recovers x_hat = (y - bias) / weight (-2
     # units, no extra pass). Needs LayerNorm gains away from zero (model/layernorm.py).

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import logging
 import math
+from functools import partial
 from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from model.attention import CausalSelfAttention, resolve_backend
 from model.config import GPTConfig
@@ -141,11 +143,14 @@ class GPT(nn.Module):
             rope = (self.rope_cos[position_offset:position_offset + T],
                     self.rope_sin[position_offset:position_offset + T])
         pending = None  # with fused_add_norm: the last block's MLP output, not yet added
+        recompute = self.cfg.recompute_blocks and torch.is_grad_enabled()
         for block in self.blocks:
+            # model.recompute_blocks: the block keeps its inputs only (the RNG state too, for dropout)
+            run = partial(checkpoint, block, use_reentrant=False) if recompute else block
             if block.fused_add_norm:
-                x, pending = block(x, rope, cu_seqlens, max_seqlen, pending)
+                x, pending = run(x, rope, cu_seqlens, max_seqlen, pending)
             else:
-                x = block(x, rope, cu_seqlens, max_seqlen)
+                x = run(x, rope, cu_seqlens, max_seqlen)
         if pending is not None:
             x = x + pending
         return self.lm_head(self.ln_f(x), targets, self.cfg.fused_loss)  # logits (B, T, V) or loss

@@ -54,7 +54,7 @@ class NonFiniteError(RuntimeError):
 # may resume with other values (e.g. model.attention=sdpa after flash, model.residual=fp32, or without
 # the activation-memory options).
 IMPLEMENTATION_KEYS = ("attention", "recompute_attention", "mlp", "fused_loss", "residual", "recompute_gelu",
-                       "recompute_gelu_layers", "norm_saves_output", "fused_add_norm")
+                       "recompute_gelu_layers", "recompute_blocks", "norm_saves_output", "fused_add_norm")
 
 
 def check_compatible(saved: dict, cfg: Config, path: Path) -> None:
@@ -486,7 +486,8 @@ class Trainer:
         return (f"run {self.run_dir} | {c.model.n_layer}L d{c.model.d_model} h{c.model.n_head} "
                 f"seq {c.model.seq_len} | {c.model.num_params() / 1e6:.2f}M params | attention "
                 f"{self.engine.model.attention_backend}"
-                f"{' (recomputed in backward)' if c.model.recompute_attention else ''}"
+                f"{' (recomputed in backward)' if c.model.recompute_attention and not c.model.recompute_blocks else ''}"
+                f"{' | blocks recomputed in backward' if c.model.recompute_blocks else ''}"
                 + (f", local band of {c.model.attention_window} tokens in {c.model.attention_window_layers} layers"
                    if c.model.attention_window else "") +
                 f" | MLP {getattr(self.engine.model, 'mlp_impl', 'torch')}"

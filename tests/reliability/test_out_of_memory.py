@@ -27,10 +27,12 @@ def test_options_follow_the_config():
 
     plain_13 = memory_options(load_config("gpt_1.3b_8k.yaml"), world_size=8)
     assert [o.split(" ")[0] for o in plain_13] == ["model.recompute_gelu=true", "model.norm_saves_output=true",
-                                                   "train.micro_batch_size=1", "engine.parallel=fsdp"]
-    assert "over the 8 GPUs" in plain_13[-1]
+                                                   "train.micro_batch_size=1", "engine.parallel=fsdp",
+                                                   "model.recompute_blocks=true"]  # the dearest last
+    assert "over the 8 GPUs" in plain_13[-2]
 
-    nothing_left = load_config("gpt_2.7b_8k.yaml", ["train.micro_batch_size=1", "train.global_batch_size=8"])
+    nothing_left = load_config("gpt_2.7b_8k.yaml", ["train.micro_batch_size=1", "train.global_batch_size=8",
+                                                    "model.recompute_blocks=true"])
     assert memory_options(nothing_left, world_size=1) == [
         "a shorter model.seq_len, a smaller model, or a GPU with more memory"]
 

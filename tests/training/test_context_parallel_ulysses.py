@@ -1,9 +1,9 @@
 """training/context_parallel/ulysses.py on 2 gloo processes (CPU, fp32): UlyssesAttention with C=2 gives
 the full-sequence attention of one process (output, and the q/k/v gradients) for the sdpa, math and
 reference backends, with grouped-query heads and with packed documents whose boundaries cross the slice
-boundary; attach() on a GPT (positions offset per slice) gives the one-process gradients; the attention
-compiles into one graph (fullgraph) with the same gradients; head counts that do not divide by C are
-refused with one ValueError."""
+boundary; attach() on a GPT (positions offset per slice; also with every block recomputed in the
+backward) gives the one-process gradients; the attention compiles into one graph (fullgraph) with the
+same gradients; head counts that do not divide by C are refused with one ValueError."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -74,14 +74,15 @@ def test_ulysses_equals_full_sequence_attention(backend):
     _spawn(_attention_worker, backend)
 
 
-def _gpt_worker(rank: int, port: int):
+def _gpt_worker(rank: int, port: int, recompute_blocks: bool):
     _init(rank, port)
     try:
         from training.context_parallel import attach, detach
 
         torch.manual_seed(0)
+        # recompute_blocks: the backward runs each block's forward again, all-to-alls included
         cfg = GPTConfig(n_layer=2, d_model=4 * D, n_head=4, n_kv_head=2, vocab_size=61, seq_len=T,
-                        pos_emb="rope", attention="sdpa")
+                        pos_emb="rope", attention="sdpa", recompute_blocks=recompute_blocks)
         model = GPT(cfg)
         idx = torch.randint(0, 61, (B, T))
         tgt = torch.randint(0, 61, (B, T))
@@ -106,8 +107,9 @@ def _gpt_worker(rank: int, port: int):
         dist.destroy_process_group()
 
 
-def test_attach_gpt_gradients_equal_one_process():
-    _spawn(_gpt_worker)
+@pytest.mark.parametrize("recompute_blocks", [False, True])
+def test_attach_gpt_gradients_equal_one_process(recompute_blocks):
+    _spawn(_gpt_worker, recompute_blocks)
 
 
 def _compiled_worker(rank: int, port: int):

@@ -91,6 +91,19 @@ def test_memory_options_under_zero3_train_the_same_curve(tmp_path, cache_dir, st
         assert curve[step] == pytest.approx(loss, rel=1e-5), step
 
 
+@pytest.mark.parametrize("engine,compiled", [("fsdp", True), ("zero3", False)])
+def test_recomputed_blocks_train_the_same_curve(tmp_path, cache_dir, straight, engine, compiled):
+    """model.recompute_blocks (each block's forward again in the backward, its sharded parameters gathered
+    again for it) under FSDP2 compiled per block and under ZeRO-3: the curve without it, to fp32 rounding."""
+    proc = run(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=r", "model.recompute_blocks=true",
+               f"train.compile={str(compiled).lower()}", *ENGINES[engine], nproc=2)
+    assert "blocks recomputed in backward" in proc.stdout + proc.stderr
+    curve, plain = losses(tmp_path / "r"), straight(engine)
+    assert sorted(curve) == sorted(plain)
+    for step, loss in plain.items():
+        assert curve[step] == pytest.approx(loss, rel=1e-4), (engine, step)
+
+
 @pytest.mark.parametrize("engine", ["fsdp", "zero3"])
 def test_engine_resume_is_bit_identical(tmp_path, cache_dir, straight, engine):
     run(tmp_path, cache_dir, "train.max_steps=6", "train.run_name=stopped", "train.stop_after=3",
