@@ -80,6 +80,9 @@ def control_store(op_timeout_s: float = 10.0):
     return dist.PrefixStore(prefix, store)
 
 
+READ_WAIT_S = 15.0  # how long a failed rank 0 waits for the others to read its error (they poll each second)
+
+
 def rank0_first(info: DistInfo, what: str, fn: Callable[[], T]) -> T:
     """Run `fn` on rank 0, then on every other rank (which then finds rank 0's results, e.g. in a cache).
     The others wait on a store key, not in a collective, so no process-group timeout applies: a first
@@ -94,6 +97,11 @@ def rank0_first(info: DistInfo, what: str, fn: Callable[[], T]) -> T:
         except BaseException as e:
             try:
                 store.set(key, f"{type(e).__name__}: {e}")
+                # where rank 0 hosts the store (launchers other than torchrun), it goes when rank 0 exits:
+                # wait (bounded) until every other rank has read the failure
+                deadline = time.monotonic() + READ_WAIT_S
+                while store.add(f"{key}/read", 0) < info.world_size - 1 and time.monotonic() < deadline:
+                    time.sleep(0.05)
             except Exception:  # the store is gone too: the others find that out themselves
                 pass
             raise
@@ -103,6 +111,7 @@ def rank0_first(info: DistInfo, what: str, fn: Callable[[], T]) -> T:
         while not store.check([key]):
             time.sleep(1.0)
         status = store.get(key).decode()
+        store.add(f"{key}/read", 1)
     except (RuntimeError, OSError) as e:  # DistStoreError is a RuntimeError
         raise Rank0Failed(f"lost the rendezvous store while rank 0 was {what} ({str(e).splitlines()[0]}); "
                           f"rank 0 (which may host it) is likely gone: see its output", reported=False) from None
