@@ -67,7 +67,7 @@ for seq in $LONGEST; do  # longer windows
     run c4_$(( seq / 1024 ))k${RUNGS[$i]} 4 gpt_1.3b_64k.yaml model.seq_len=$seq "data.source=[$LONG_DATA]" \
       ${RUNG_ARGS[$i]}; rc=$?
     [ $rc -eq 0 ] || [ $rc -eq 1 ] && break  # trained, or failed otherwise than by memory: no next rung
-    [ $rc -eq 3 ] && first=$(( i + 1 < ${#RUNGS[@]} ? i + 1 : i ))  # out of memory: longer windows start higher
+    [ $rc -eq 3 ] && first=$(( i + 1 ))  # out of memory: longer windows start higher
   done
   [ $rc -eq 1 ] || [ $rc -eq 3 ] && break
 done
