@@ -31,9 +31,12 @@ class FSDPEngine(TorchEngine):
         self.accum = grad_accum_steps(cfg, dist.world_size)
         self.amp_dtype = autocast_dtype(cfg, self.device)
         model = model.to(self.device)
-        # bf16 all-gathers and compute, fp32 gradient reduction (the usual FSDP2 recipe)
-        mp = MixedPrecisionPolicy(param_dtype=self.amp_dtype, reduce_dtype=torch.float32) \
-            if self.amp_dtype is not None else MixedPrecisionPolicy()
+        # bf16 all-gathers and compute, fp32 gradient reduction (the usual FSDP2 recipe). The blocks' inputs
+        # pass uncast, as under DDP (autocast casts each op's inputs): the RoPE tables stay fp32, and a block
+        # recomputed in the backward (model.recompute_blocks) sees the dtypes its forward saw; torch 2.11's
+        # FSDP2 casts a forward's inputs but not a recomputation's.
+        mp = MixedPrecisionPolicy(param_dtype=self.amp_dtype, reduce_dtype=torch.float32,
+                                  cast_forward_inputs=False) if self.amp_dtype is not None else MixedPrecisionPolicy()
         options = (prepare_compile(cfg.train) or None) if cfg.train.compile else None
         for block in model.blocks:
             if cfg.train.compile:
