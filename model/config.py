@@ -44,6 +44,7 @@ class GPTConfig:
     # The residual stream's dtype under autocast: fp32 (the embedding's dtype; the blocks' bf16 outputs
     # are added in fp32, as nanoGPT / GPT-NeoX) or autocast (the autocast dtype, as Megatron-LM's
     # default fp32_residual_connection=False: half the bytes in every LayerNorm and residual add).
+    # Under FSDP2 the embedding's forward copy is bf16, so the stream is bf16 either way.
     residual: str = "fp32"  # fp32 | autocast
     # Activation memory, for a micro-batch that would not fit otherwise (the training forward keeps ~17
     # d-units -- d_model bf16 values -- per token and layer; dev/saved_activations.py counts them):
