@@ -113,12 +113,6 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _op_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, deterministic,
-            window_left, window_right):
-    return _bwd_op(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, deterministic,
-                   window_left, window_right)
-
-
 def _ext_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, deterministic,
              window_left, window_right):
     # The binding takes the window before `deterministic` (flash_api.cpp).
@@ -128,7 +122,7 @@ def _ext_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, d
 
 def _backward_with(bwd, ctx, dout):
     """Gradients of the forward inputs (10, or 12 with the window), computing dq, dk, dv with `bwd`
-    (_op_bwd or _ext_bwd)."""
+    (the op, or _ext_bwd on the binding)."""
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
@@ -139,7 +133,7 @@ def _backward_with(bwd, ctx, dout):
 
 def _backward(ctx, dout, dlse):
     # dlse is ignored: the LSE output is not differentiable (documented in flash_attn_func).
-    return _backward_with(_op_bwd, ctx, dout)
+    return _backward_with(_bwd_op, ctx, dout)
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
