@@ -17,9 +17,9 @@
 //   tile count); tiles_per_head = b * ceil(seqlen_q / TR), or packed ceil(total_q / TR) + b + 1.
 //   A tile is two 16 KB sub-tiles of 64 rows x 64 columns, one per consumer warpgroup and one bulk
 //   instruction each: head-dim columns 0..63 / 64..127 at head dim 128, queries 0..63 / 64..127 at
-//   64. In a sub-tile, row r holds 16 chunks of 4 floats, chunk c stored at position c ^ (r % 8):
-//   the swizzle that keeps the consumers' shared-memory staging stores (the staging buffer is a copy
-//   of the tile) free of bank conflicts.
+//   64. In a sub-tile, row r holds 16 chunks of 4 floats, chunk c stored at position chunk_slot(c, r)
+//   (below): the swizzle that keeps the consumers' shared-memory staging stores (the staging buffer
+//   is a copy of the tile) free of bank conflicts.
 // Rows past a sequence's end are added to (zeros: their dS is masked) but never read back.
 // Packed batches of many sequences much shorter than a tile would need several times the row-major
 // size (the + b term): flash_api.cpp then allocates row-major room only and the TMA backward declines
@@ -55,9 +55,17 @@ __host__ __device__ inline int64_t tile_offset(const Flash_bwd_params &p, int b,
     return (int64_t(h) * tiles_per_head(p) + first) * kFloats;
 }
 
+// Position of chunk c (0 .. 15: floats 4c .. 4c + 3) in row r of a sub-tile (rows of 256 bytes, so
+// every row starts at bank 0). The consumers stage dQ from wgmma accumulators with 8-byte stores,
+// which shared memory serves half a warp at a time: per store, half a warp writes rows r % 8 = 0..3
+// (or 4..7), chunks 2j and 2j + 1 of each. XOR with 2 (r % 8) puts those 8 chunks at 8 positions that
+// differ mod 8, i.e. on all 32 banks: one wavefront per half-warp (c ^ (r % 8) keeps a half-warp's
+// chunks within 4 positions, a 2-way conflict). Its own inverse for a fixed r.
+__host__ __device__ inline int chunk_slot(int c, int r) { return c ^ (2 * (r % 8)); }
+
 // Row and column (in the tile) of the 4 floats at float4 index i (0 .. 2047) of a tile.
 __host__ __device__ inline void chunk_position(int i, int d, int &row, int &col) {
-    const int sub = i / (kSubFloats / 4), r = (i / 16) % 64, c = (i % 16) ^ (r % 8);
+    const int sub = i / (kSubFloats / 4), r = (i / 16) % 64, c = chunk_slot(i % 16, r);
     row = d == 128 ? r : sub * 64 + r;
     col = (d == 128 ? sub * 64 : 0) + c * 4;
 }

@@ -3,7 +3,11 @@
 //   1. chunk_position maps a tile's 2048 float4 slots one-to-one onto its (row, 4-column chunk)
 //      cells, at head dims 64 and 128;
 //   2. the tiles of packed (varlen) sequences never overlap and fit in tiles_per_head, for random
-//      sequence lengths (zero-length ones included), and dense batches tile without gaps.
+//      sequence lengths (zero-length ones included), and dense batches tile without gaps;
+//   3. the consumers' staging stores (bwd_consumer.h store_acc_subtile: thread (warp, g = lane / 4,
+//      t = lane % 4) writes floats (row warp * 16 + g + 8 hr, columns 8j + 2t, + 1) with one 8-byte
+//      store per (hr, j)) are free of bank conflicts: shared memory serves an 8-byte store half a warp
+//      at a time, and each half-warp's 16 stores must cover the 32 banks once.
 // Prints "ok" and exits 0, or names the first failure and exits 1.
 #include <cstdio>
 #include <cstdlib>
@@ -20,7 +24,25 @@ static int fail(const char *what, long a, long b) {
     return 1;
 }
 
+// Byte offset in a staging sub-tile of float (row, col): rows of 256 bytes, 16-byte chunks at chunk_slot.
+static int staged_byte(int row, int col) { return row * 256 + dq_tiles::chunk_slot(col / 4, row) * 16 + (col % 4) * 4; }
+
 int main() {
+    for (int warp = 0; warp < 4; ++warp)
+        for (int hr = 0; hr < 2; ++hr)
+            for (int j = 0; j < 8; ++j)
+                for (int half = 0; half < 2; ++half) {
+                    int words_on_bank[32] = {0};
+                    for (int lane = 16 * half; lane < 16 * half + 16; ++lane) {
+                        const int g = lane / 4, t = lane % 4, off = staged_byte(warp * 16 + g + 8 * hr, 8 * j + 2 * t);
+                        if (off % 8 != 0 || staged_byte(warp * 16 + g + 8 * hr, 8 * j + 2 * t + 1) != off + 4)
+                            return fail("staging store not one aligned 8-byte pair", lane, off);
+                        ++words_on_bank[(off / 4) % 32];
+                        ++words_on_bank[(off / 4 + 1) % 32];
+                    }
+                    for (int bank = 0; bank < 32; ++bank)
+                        if (words_on_bank[bank] != 1) return fail("staging store bank conflict (warp, bank)", warp, bank);
+                }
     for (int d : {64, 128}) {
         std::set<std::pair<int, int>> seen;
         for (int i = 0; i < dq_tiles::kFloats / 4; ++i) {
