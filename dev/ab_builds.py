@@ -1,0 +1,91 @@
+"""A/B of two source trees' attention kernels in one process: is a kernel change faster than the kept
+code, row by row? Each tree's extension is built (or taken from the kernel cache) by that tree's own
+`kernels.build` in a subprocess; both modules are then loaded side by side (their names carry the
+source hash) and called directly, the two candidates' calls interleaved (bench/cuda_timing.py), median
+of `--rounds` medians. On a GPU:
+
+    git worktree add /tmp/old main        # or `git archive main kernels | tar -x -C /tmp/old`
+    python dev/ab_builds.py /tmp/old . --pass bwd --hdims 128 64
+
+Prints per row TFLOP/s of each (FLOPs 4·b·h·s²·d, halved if causal; backward 2.5x that) and new / old,
+with the largest difference between their outputs (gradients: the dQ reduce order differs call to call,
+so expect a few bf16 units at most). The shapes are the kernel sweep's: 16k tokens a batch, d_model 2048.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.machinery
+import importlib.util
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from cuda_timing import time_interleaved_ms  # noqa: E402
+
+BUILD = "from kernels.build import load_extension; print(load_extension().__file__)"
+
+
+def build(tree: Path) -> ModuleType:
+    """Build (or find in the cache) TREE's extension and import it under its own module name."""
+    done = subprocess.run([sys.executable, "-c", BUILD], cwd=tree, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"building the kernels of {tree} failed:\n{done.stderr[-3000:]}")
+    path = done.stdout.strip().splitlines()[-1]
+    name = Path(path).name.split(".")[0]
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
+    loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("old", type=Path)
+    ap.add_argument("new", type=Path)
+    ap.add_argument("--pass", dest="which", choices=["bwd", "fwd"], default="bwd")
+    ap.add_argument("--hdims", type=int, nargs="+", default=[128, 64])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--causal", type=int, nargs="+", default=[1, 0])
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+    exts = {"old": build(a.old.resolve()), "new": build(a.new.resolve())}
+    if exts["old"].__name__ == exts["new"].__name__:
+        raise SystemExit("the two trees have the same kernel sources (one source hash): nothing to compare")
+    print("| pass | hdim | mask | seqlen | old TFLOP/s | new TFLOP/s | new / old | max output difference |")
+    print("|---|---|---|---|---|---|---|---|")
+    for d in a.hdims:
+        for causal in map(bool, a.causal):
+            for s in a.seqlens:
+                b, h, scale = max(1, 16384 // s), 2048 // d, d ** -0.5
+                torch.manual_seed(0)
+                q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+                fwd = {n: e.fwd(q, k, v, None, None, s, s, scale, causal, -1, -1) for n, e in exts.items()}
+
+                def call(n: str):
+                    e = exts[n]
+                    if a.which == "fwd":
+                        return e.fwd(q, k, v, None, None, s, s, scale, causal, -1, -1)
+                    out, lse = fwd[n]
+                    return e.bwd(dout, q, k, v, out, lse, None, None, s, s, scale, causal, -1, -1, False)
+
+                got = {n: call(n) for n in exts}
+                diff = max((x.float() - y.float()).abs().max().item()
+                           for x, y in zip(got["old"], got["new"]) if x.dtype != torch.float32 or a.which == "bwd")
+                fns = {n: (lambda n=n: call(n)) for n in exts}
+                runs = [time_interleaved_ms(fns, a.reps) for _ in range(a.rounds)]
+                ms = {n: statistics.median(r[n] for r in runs) for n in exts}
+                flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0) * (2.5 if a.which == "bwd" else 1.0)
+                print(f"| {a.which} | {d} | {'causal' if causal else 'full'} | {s} | {flops / ms['old'] / 1e9:.0f} | "
+                      f"{flops / ms['new'] / 1e9:.0f} | {ms['old'] / ms['new']:.3f} | {diff:.2e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
