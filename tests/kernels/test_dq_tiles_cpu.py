@@ -2,7 +2,8 @@
 
 The layout math is plain C++ shared by the kernel, the post-pass and the allocation in flash_api.cpp;
 `cpp/dq_tiles_check.cpp` compiles it with the host compiler and checks that a tile's slots map one to
-one onto its cells and that packed sequences' tiles never overlap (2000 random batches). The GPU tests
+one onto its cells, that packed sequences' tiles never overlap (2000 random batches) and that the
+consumers' dQ staging stores into shared memory are free of bank conflicts. The GPU tests
 check the values end to end (tests/kernels/test_kernels_gpu.py).
 """
 from __future__ import annotations
