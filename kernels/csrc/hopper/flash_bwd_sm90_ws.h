@@ -306,7 +306,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     };
 
     mbar_wait(kv_full, 0);
-    if constexpr (D == 64 && Pingpong) {
+    if constexpr (false && D == 64 && Pingpong) {
         // Head dim 64 in turns with dQ one step late, as the head-dim-128 loop below (its
         // comment has the why). P^T goes to block it's dS^T buffer (it % 3) as in the lock-step loop
         // after this one, so the buffer's empty barrier is waited before P^T; a warpgroup's own rows
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             finish_step(it, s);
         }
         last_dq(steps);
-    } else if constexpr (D == 64) {
+    } else if constexpr (D == 64 && !Pingpong) {
         // Head dim 64, 128 queries per block: per block a warpgroup's products are half as long as at
         // head dim 128 while its elementwise work and fixed costs are not, so the block is twice as
         // wide (S^T, dP^T m64n128). dV and dK read P^T and dS^T from shared memory (a register-A
@@ -401,16 +401,17 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             const uint32_t q_base = sQ + s * L::Q, do_base = sdO + s * L::Q;
             const float *sDs = sDsum + s * BM;
 
-            float acc_s[32], acc_dp[32];
+            float acc_s[BM / 2], acc_dp[BM / 2];
             take_turn(it);
             st_dpt_exp(m, it, acc_s, acc_dp);
-            uint32_t a_p[4][4], a_ds[4][4];
+            uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
             to_a_fragments<T>(acc_s, a_p);
             wgmma_fence();
             issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
             pass_turn(m);
             wgmma_wait<1>();  // dP^T has landed (dV may still run)
-            make_dst<T>(acc_s, acc_dp, sDs, t, a_ds);
+            if constexpr (D == 64) make_dst_from_fragments<T>(a_p, acc_dp, sDs, t, a_ds);
+            else make_dst<T>(acc_s, acc_dp, sDs, t, a_ds);
             wgmma_fence();
             issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
             mbar_wait(ds_empty + 8 * bd, ((it / 3) & 1) ^ 1);  // both warpgroups' dQ of block it - 3 read it
