@@ -97,13 +97,13 @@ __device__ __forceinline__ void exp_pt(float (&s)[N], const float *sL, float sca
     }
 }
 
-// acc (64 x D) += A (fragments, k = the 64 queries) * B (64 queries x D tile, MN-major): dV += P^T dO
-// and dK += dS^T Q. Commits one group.
-template <typename T, int D>
-__device__ __forceinline__ void issue_rs_over_queries(float (&acc)[D / 2], const uint32_t (&a)[4][4], uint32_t b_base) {
-    const uint64_t db = smem_desc_u18(opaque(b_base), 64 * 128, 1024);
+// acc (64 x D) += A (fragments, k = the 16 KC queries) * B (16 KC queries x D tile, MN-major):
+// dV += P^T dO and dK += dS^T Q. Commits one group.
+template <typename T, int D, int KC>
+__device__ __forceinline__ void issue_rs_over_queries(float (&acc)[D / 2], const uint32_t (&a)[KC][4], uint32_t b_base) {
+    const uint64_t db = smem_desc_u18(opaque(b_base), KC * 16 * 128, 1024);  // atom columns of 16 KC rows
 #pragma unroll
-    for (int kc = 0; kc < 4; ++kc) wgmma_rs_n<T, D, 1>(acc, a[kc], desc_at(db, kc * 16 * 128), true);
+    for (int kc = 0; kc < KC; ++kc) wgmma_rs_n<T, D, 1>(acc, a[kc], desc_at(db, kc * 16 * 128), true);
     wgmma_commit();
 }
 
@@ -135,6 +135,22 @@ __device__ __forceinline__ void make_dst(const float (&s)[N], const float (&dp)[
             const int j = 2 * kc + e / 2, i0 = 4 * j + 2 * (e % 2);
             const float2 dsum = *reinterpret_cast<const float2 *>(sDs + 8 * j + 2 * t);
             const float2 pp = make_float2(s[i0], s[i0 + 1]);
+            a_ds[kc][e] = pack2<T>(pp.x * (dp[i0] - dsum.x), pp.y * (dp[i0 + 1] - dsum.y));
+        }
+}
+
+// As make_dst with P^T read back from its 16-bit A fragments (to_a_fragments' layout), so its fp32
+// registers are free once the fragments are made.
+template <typename T, int N>
+__device__ __forceinline__ void make_dst_from_fragments(const uint32_t (&a_p)[N / 8][4], const float (&dp)[N],
+                                                        const float *sDs, int t, uint32_t (&a_ds)[N / 8][4]) {
+#pragma unroll
+    for (int kc = 0; kc < N / 8; ++kc)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int j = 2 * kc + e / 2, i0 = 4 * j + 2 * (e % 2);
+            const float2 dsum = *reinterpret_cast<const float2 *>(sDs + 8 * j + 2 * t);
+            const float2 pp = unpack2<T>(a_p[kc][e]);
             a_ds[kc][e] = pack2<T>(pp.x * (dp[i0] - dsum.x), pp.y * (dp[i0 + 1] - dsum.y));
         }
 }

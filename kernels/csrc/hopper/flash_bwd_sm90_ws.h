@@ -30,8 +30,8 @@
 // ds_empty mbarriers) and dQ is staged in one buffer.
 // Shared memory (BwsSmem), head dim 128: K, V 32 K each; Q, dO 2 x 16 K each; dS^T 2 x 16 K; dQ 2 x
 // 32 K (tile copies); LSE, D 2 x 256 each; barriers: 225 KB (pingpong: dS^T 3 x 16 K, dQ 1 x 32 K:
-// 209 KB). Head dim 64: K, V 16 K each; Q, dO 2 x 16 K each; dS^T (P^T first) 2 x 32 K; dQ 2 x 32 K;
-// LSE, D 2 x 512 each: 226 KB (pingpong: dS^T 3 x 32 K, dQ 1 x 32 K: 226 KB).
+// 209 KB). Head dim 64: K, V 16 K each; Q, dO 2 x 16 K each; dS^T (lock-step: P^T first) 2 x 32 K; dQ 2 x
+// 32 K; LSE, D 2 x 512 each: 226 KB (pingpong: dS^T 3 x 32 K, dQ 1 x 32 K: 226 KB).
 #pragma once
 #include <type_traits>
 #include "../flash.h"
@@ -306,48 +306,12 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     };
 
     mbar_wait(kv_full, 0);
-    if constexpr (D == 64 && Pingpong) {
-        // Head dim 64 in turns with dQ one step late, as the head-dim-128 loop below (its
-        // comment has the why). P^T goes to block it's dS^T buffer (it % 3) as in the lock-step loop
-        // after this one, so the buffer's empty barrier is waited before P^T; a warpgroup's own rows
-        // of P^T and of dS^T are read by its own dV / dK only: barrier 3 + cw (its 128 threads).
-        const int steps = range.m_max - range.m_min;
-        for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
-            const int s = it & 1, bd = it % 3;
-            const uint32_t q_base = sQ + s * L::Q, do_base = sdO + s * L::Q;
-            const float *sDs = sDsum + s * BM;
-            uint8_t *sdS = smem + L::dS + bd * L::DS;
-            const uint32_t ds_rows = s0 + L::dS + bd * L::DS + cw * 64 * 128;  // this warpgroup's key rows
-
-            float acc_s[BM / 2], acc_dp[BM / 2];
-            take_turn(it);
-            st_dpt_exp(m, it, acc_s, acc_dp);
-            uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
-            to_a_fragments<T>(acc_s, a_p);
-            mbar_wait(ds_empty + 8 * bd, ((it / 3) & 1) ^ 1);  // both warpgroups' dQ of block it - 3 read it
-            store_dst(sdS, a_p, key_row0, g, t);  // P^T
-            fence_async_smem();
-            named_barrier_sync(3 + cw, 128);  // this warpgroup's four warps' P^T rows are in
-            wgmma_fence();
-            issue_ss_over_queries<T, D, BM>(acc_dv, ds_rows, do_base);
-            pass_turn(m);
-            wgmma_wait<1>();  // dP^T has landed (dV may still run)
-            make_dst<T>(acc_s, acc_dp, sDs, t, a_ds);
-            wgmma_wait<0>();  // dV has read P^T: its rows take dS^T
-            store_dst(sdS, a_ds, key_row0, g, t);
-            fence_async_smem();  // dS^T stores -> visible to wgmma
-            mbar_arrive_if(ds_full + 8 * bd, true);
-            named_barrier_sync(3 + cw, 128);  // this warpgroup's dS^T rows are in (its dK reads them)
-            wgmma_fence();
-            issue_ss_over_queries<T, D, BM>(acc_dk, ds_rows, q_base);
-            finish_step(it, s);
-        }
-        last_dq(steps);
-    } else if constexpr (D == 64) {
+    if constexpr (D == 64 && !Pingpong) {
         // Head dim 64, 128 queries per block: per block a warpgroup's products are half as long as at
         // head dim 128 while its elementwise work and fixed costs are not, so the block is twice as
-        // wide (S^T, dP^T m64n128). dV and dK read P^T and dS^T from shared memory (a register-A
-        // wgmma with N = 64 runs at ~42% of the tensor rate from one warpgroup, measured); P^T goes
+        // wide (S^T, dP^T m64n128). dV and dK read P^T and dS^T from shared memory (here, both
+        // warpgroups issuing together, a register-A wgmma with N = 64 ran at ~42% of the tensor rate
+        // from one warpgroup, measured; in turns, the loop below, register-A wins); P^T goes
         // to this block's dS^T buffer (this warpgroup's 64 key rows) and, once dV has read it, dS^T
         // overwrites it. Each warpgroup computes dQ for its 64 of the block's 128 queries (all 128
         // keys, both halves of dS^T: the named barrier). Buffer (it + 1) % 2 is written at block it + 1
@@ -384,7 +348,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             stage_dq(acc_dq, it);  // sub-tile cw: queries 64cw..
         }
     } else if constexpr (Pingpong) {
-        // Head dim 128: the two warpgroups take turns (pingpong) and each block's dQ product runs
+        // Both head dims: the two warpgroups take turns (pingpong) and each block's dQ product runs
         // one step late. A warpgroup issues its S^T and dP^T only once the other has issued its dV of
         // the step before (warpgroup 2: of the same step), so one's exp and dS^T run under the other's
         // products instead of both waiting on the tensor pipe together (the lock-step loop below keeps
@@ -394,23 +358,27 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         // block it's dS^T, stored about half a step earlier. dS^T rotates through three buffers (block
         // it in it % 3; full / empty mbarriers), and one dQ staging buffer makes the room.
         // Measured against lock-step on an H100: +3-4% f+b at 4k-16k (backward alone +7% at causal
-        // 8k; trace: step 4540 -> 4290 clocks, warpgroups 1500 apart).
+        // 8k; trace: step 4540 -> 4290 clocks, warpgroups 1500 apart). dV and dK take P^T and dS^T
+        // from registers (A fragments); at head dim 64 dS^T is made from P^T's 16-bit fragments, so
+        // P^T's fp32 registers are free once its fragments exist (+2-8% backward against P^T and
+        // dS^T through shared memory, same call).
         const int steps = range.m_max - range.m_min;
         for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
             const int s = it & 1, bd = it % 3;
             const uint32_t q_base = sQ + s * L::Q, do_base = sdO + s * L::Q;
             const float *sDs = sDsum + s * BM;
 
-            float acc_s[32], acc_dp[32];
+            float acc_s[BM / 2], acc_dp[BM / 2];
             take_turn(it);
             st_dpt_exp(m, it, acc_s, acc_dp);
-            uint32_t a_p[4][4], a_ds[4][4];
+            uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
             to_a_fragments<T>(acc_s, a_p);
             wgmma_fence();
             issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
             pass_turn(m);
             wgmma_wait<1>();  // dP^T has landed (dV may still run)
-            make_dst<T>(acc_s, acc_dp, sDs, t, a_ds);
+            if constexpr (D == 64) make_dst_from_fragments<T>(a_p, acc_dp, sDs, t, a_ds);
+            else make_dst<T>(acc_s, acc_dp, sDs, t, a_ds);
             wgmma_fence();
             issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
             mbar_wait(ds_empty + 8 * bd, ((it / 3) & 1) ^ 1);  // both warpgroups' dQ of block it - 3 read it
