@@ -1,12 +1,13 @@
 // What a warpgroup of the Hopper backward kernel (flash_bwd_sm90_ws.h) does per
-// query block: 64 keys (its half of the 128-key block) x 64 queries, head dim 128. (The TMA kernel at
-// head dim 64 takes 128 queries per block, NQ below, and dV / dK from shared memory: see
-// flash_bwd_sm90_ws.h; the helpers take the query count from their array sizes.)
+// query block: 64 keys (its half of the 128-key block) x 64 queries, head dim 128. (At head dim 64 the
+// kernel takes 128 queries per block, NQ below, and makes dS^T from P^T's 16-bit fragments; in
+// lock-step its dV / dK read P^T and dS^T from shared memory: see flash_bwd_sm90_ws.h. The helpers
+// take the query count from their array sizes.)
 //   S^T  (64 keys x 64 q)  = K_wg Q^T        SS m64n64, both K-major (d contiguous), 8 k16 over d
 //   dP^T (64 keys x 64 q)  = V_wg dO^T       SS m64n64, likewise (its own wgmma group)
 //   P^T = exp(S^T * scale - LSE[q])          in registers while dP^T is still running
 //   dV_wg (64 x 128 d)    += P^T dO          RS m64n128: P^T as A fragments, dO MN-major (tnspB 1)
-//   dS^T = P^T o (dP^T - D[q])               while dV runs (P^T read back from its 16-bit fragments)
+//   dS^T = P^T o (dP^T - D[q])               while dV runs (P^T from its fp32 registers)
 //   dK_wg (64 x 128 d)    += dS^T Q          RS m64n128: dS^T as A fragments, Q MN-major
 //   dS^T -> shared memory, and once both warpgroups' halves are in:
 //   dQ (64 q x 64 d cols of wg) = dS K       SS m64n64, A = dS read MN-major from dS^T (tnspA 1),
@@ -140,7 +141,8 @@ __device__ __forceinline__ void make_dst(const float (&s)[N], const float (&dp)[
 }
 
 // As make_dst with P^T read back from its 16-bit A fragments (to_a_fragments' layout), so its fp32
-// registers are free once the fragments are made.
+// registers are free once the fragments are made. P^T is then the 16-bit value dV used: one more
+// rounding in dS^T (relative 2^-9 before dS^T's own) than make_dst.
 template <typename T, int N>
 __device__ __forceinline__ void make_dst_from_fragments(const uint32_t (&a_p)[N / 8][4], const float (&dp)[N],
                                                         const float *sDs, int t, uint32_t (&a_ds)[N / 8][4]) {

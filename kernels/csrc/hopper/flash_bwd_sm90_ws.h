@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             wgmma_fence();
             issue_ss_over_queries<T, D, BM>(acc_dv, ds_rows, do_base);
             wgmma_wait<1>();  // dP^T has landed (dV may still run)
-            make_dst<T>(acc_s, acc_dp, sDs, t, a_ds);
+            make_dst_from_fragments<T>(a_p, acc_dp, sDs, t, a_ds);  // as in turns: the same dS^T bits
             wgmma_wait<0>();  // dV has read P^T: its rows take dS^T
             store_dst(sdS, a_ds, key_row0, g, t);
             fence_async_smem();          // dS^T stores -> visible to wgmma
