@@ -1,8 +1,7 @@
 // What a warpgroup of the Hopper backward kernel (flash_bwd_sm90_ws.h) does per
 // query block: 64 keys (its half of the 128-key block) x 64 queries, head dim 128. (At head dim 64 the
-// kernel takes 128 queries per block, NQ below, and makes dS^T from P^T's 16-bit fragments; in
-// lock-step its dV / dK read P^T and dS^T from shared memory: see flash_bwd_sm90_ws.h. The helpers
-// take the query count from their array sizes.)
+// kernel takes 128 queries per block, NQ below, and makes dS^T from P^T's 16-bit fragments: see
+// flash_bwd_sm90_ws.h. The helpers take the query count from their array sizes.)
 //   S^T  (64 keys x 64 q)  = K_wg Q^T        SS m64n64, both K-major (d contiguous), 8 k16 over d
 //   dP^T (64 keys x 64 q)  = V_wg dO^T       SS m64n64, likewise (its own wgmma group)
 //   P^T = exp(S^T * scale - LSE[q])          in registers while dP^T is still running
@@ -105,21 +104,6 @@ __device__ __forceinline__ void issue_rs_over_queries(float (&acc)[D / 2], const
     const uint64_t db = smem_desc_u18(opaque(b_base), KC * 16 * 128, 1024);  // atom columns of 16 KC rows
 #pragma unroll
     for (int kc = 0; kc < KC; ++kc) wgmma_rs_n<T, D, 1>(acc, a[kc], desc_at(db, kc * 16 * 128), true);
-    wgmma_commit();
-}
-
-// As issue_rs_over_queries with A from shared memory: a_rows is this warpgroup's 64 rows (keys) of a
-// swizzled 128-key x NQ-query tile (P^T or dS^T, queries contiguous: K-major). The head-dim-64
-// backward uses it for dV and dK: a register-A wgmma with N = 64 runs at ~42% of the tensor rate
-// when one warpgroup issues it (H100 microbenchmark), the shared-memory form at 100%.
-template <typename T, int D, int NQ>
-__device__ __forceinline__ void issue_ss_over_queries(float (&acc)[D / 2], uint32_t a_rows, uint32_t b_base) {
-    static_assert(D == 64, "used at head dim 64");
-    const uint64_t da = smem_desc_u18(opaque(a_rows), 16, 1024), db = smem_desc_u18(opaque(b_base), NQ * 128, 1024);
-#pragma unroll
-    for (int kc = 0; kc < NQ / 16; ++kc)  // A: atom column kc / 4 of the 128-key tile, 32 B per k16
-        wgmma_m64n64k16_ss<T, 0, 1>(acc, desc_at(da, (kc / 4) * 128 * 128 + (kc % 4) * 32), desc_at(db, kc * 16 * 128),
-                                    true);
     wgmma_commit();
 }
 

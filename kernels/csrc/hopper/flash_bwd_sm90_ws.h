@@ -30,8 +30,8 @@
 // ds_empty mbarriers) and dQ is staged in one buffer.
 // Shared memory (BwsSmem), head dim 128: K, V 32 K each; Q, dO 2 x 16 K each; dS^T 2 x 16 K; dQ 2 x
 // 32 K (tile copies); LSE, D 2 x 256 each; barriers: 225 KB (pingpong: dS^T 3 x 16 K, dQ 1 x 32 K:
-// 209 KB). Head dim 64: K, V 16 K each; Q, dO 2 x 16 K each; dS^T (lock-step: P^T first) 2 x 32 K; dQ 2 x
-// 32 K; LSE, D 2 x 512 each: 226 KB (pingpong: dS^T 3 x 32 K, dQ 1 x 32 K: 226 KB).
+// 209 KB). Head dim 64: K, V 16 K each; Q, dO 2 x 16 K each; dS^T 2 x 32 K; dQ 2 x 32 K;
+// LSE, D 2 x 512 each: 226 KB (pingpong: dS^T 3 x 32 K, dQ 1 x 32 K: 226 KB).
 #pragma once
 #include <type_traits>
 #include "../flash.h"
@@ -63,7 +63,7 @@ struct BwsSmem {
     static constexpr int DQS = DQS_, NDS = NDS_;
     static constexpr int BM = D == 64 ? 128 : 64;                // queries per block (step)
     static constexpr int KV = kBwsBN * D * 2, Q = BM * D * 2;    // one K / V tile, one Q / dO slot
-    static constexpr int DS = kBwsBN * BM * 2;                   // one dS^T buffer (head dim 64: P^T first)
+    static constexpr int DS = kBwsBN * BM * 2;                   // one dS^T buffer
     // dQ staging: copies of a tile of the tiled accumulator (dq_tiles.h; 32 KB, swizzled); with two
     // the consumers stage block it + 1 while the bulk unit may still read block it.
     static constexpr int DQBuf = dq_tiles::kFloats * 4;
@@ -306,48 +306,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     };
 
     mbar_wait(kv_full, 0);
-    if constexpr (D == 64 && !Pingpong) {
-        // Head dim 64, 128 queries per block: per block a warpgroup's products are half as long as at
-        // head dim 128 while its elementwise work and fixed costs are not, so the block is twice as
-        // wide (S^T, dP^T m64n128). dV and dK read P^T and dS^T from shared memory (here, both
-        // warpgroups issuing together, a register-A wgmma with N = 64 ran at ~42% of the tensor rate
-        // from one warpgroup, measured; in turns, the loop below, register-A wins); P^T goes
-        // to this block's dS^T buffer (this warpgroup's 64 key rows) and, once dV has read it, dS^T
-        // overwrites it. Each warpgroup computes dQ for its 64 of the block's 128 queries (all 128
-        // keys, both halves of dS^T: the named barrier). Buffer (it + 1) % 2 is written at block it + 1
-        // only after its writer passed block it's barrier, i.e. after both finished dQ of block it - 1.
-        for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
-            const int s = it & 1;  // Q / dO slot and dS^T buffer
-            const uint32_t q_base = sQ + s * L::Q, do_base = sdO + s * L::Q;
-            const float *sDs = sDsum + s * BM;
-            uint8_t *sdS = smem + L::dS + s * L::DS;
-            const uint32_t ds_rows = s0 + L::dS + s * L::DS + cw * 64 * 128;  // this warpgroup's key rows
-
-            float acc_s[BM / 2], acc_dp[BM / 2];
-            st_dpt_exp(m, it, acc_s, acc_dp);
-            uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
-            to_a_fragments<T>(acc_s, a_p);
-            store_dst(sdS, a_p, key_row0, g, t);  // P^T
-            fence_async_smem();
-            named_barrier_sync(3 + cw, 128);  // this warpgroup's four warps' P^T rows are in
-            wgmma_fence();
-            issue_ss_over_queries<T, D, BM>(acc_dv, ds_rows, do_base);
-            wgmma_wait<1>();  // dP^T has landed (dV may still run)
-            make_dst_from_fragments<T>(a_p, acc_dp, sDs, t, a_ds);  // as in turns: the same dS^T bits
-            wgmma_wait<0>();  // dV has read P^T: its rows take dS^T
-            store_dst(sdS, a_ds, key_row0, g, t);
-            fence_async_smem();          // dS^T stores -> visible to wgmma
-            named_barrier_sync(1, 256);  // both warpgroups' halves of dS^T are in
-
-            float acc_dq[32];
-            wgmma_fence();
-            issue_ss_over_queries<T, D, BM>(acc_dk, ds_rows, q_base);
-            issue_dq<T>(acc_dq, smem_u32(sdS) + cw * BN * 128, sK);  // queries 64cw.. : atom column cw
-            wgmma_wait<0>();  // dK and dQ of this block: slot s is read
-            mbar_arrive_if(q_empty + 8 * s, true);
-            stage_dq(acc_dq, it);  // sub-tile cw: queries 64cw..
-        }
-    } else if constexpr (Pingpong) {
+    if constexpr (Pingpong) {
         // Both head dims: the two warpgroups take turns (pingpong) and each block's dQ product runs
         // one step late. A warpgroup issues its S^T and dP^T only once the other has issued its dV of
         // the step before (warpgroup 2: of the same step), so one's exp and dS^T run under the other's
@@ -358,10 +317,9 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         // block it's dS^T, stored about half a step earlier. dS^T rotates through three buffers (block
         // it in it % 3; full / empty mbarriers), and one dQ staging buffer makes the room.
         // Measured against lock-step on an H100: +3-4% f+b at 4k-16k (backward alone +7% at causal
-        // 8k; trace: step 4540 -> 4290 clocks, warpgroups 1500 apart). dV and dK take P^T and dS^T
-        // from registers (A fragments); at head dim 64 dS^T is made from P^T's 16-bit fragments, so
-        // P^T's fp32 registers are free once its fragments exist (+2-8% backward against P^T and
-        // dS^T through shared memory, same call).
+        // 8k; trace: step 4540 -> 4290 clocks, warpgroups 1500 apart). In both loops dV and dK take P^T
+        // and dS^T from registers (A fragments); at head dim 64 dS^T is made from P^T's 16-bit
+        // fragments, so P^T's fp32 registers are free once its fragments exist.
         const int steps = range.m_max - range.m_min;
         for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
             const int s = it & 1, bd = it % 3;
@@ -389,20 +347,28 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         }
         last_dq(steps);
     } else
+    // Lock-step: both warpgroups meet once per block at a named barrier before the block's dQ product
+    // (both halves of dS^T). Head dim 64 takes 128 queries per block: per block a warpgroup's products
+    // are half as long as at head dim 128 while its elementwise work and fixed costs are not, so the
+    // block is twice as wide (S^T, dP^T m64n128), and each warpgroup computes dQ for its 64 of the
+    // block's 128 queries (all 128 keys). dS^T is double-buffered: buffer (it + 1) % 2 is written at
+    // block it + 1 only after its writer passed block it's barrier, i.e. after both finished dQ of
+    // block it - 1.
     for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
         const int s = it & 1;  // Q / dO slot and dS^T buffer
         const uint32_t q_base = sQ + s * L::Q, do_base = sdO + s * L::Q;
         const float *sDs = sDsum + s * BM;
         uint8_t *sdS = smem + L::dS + s * L::DS;
 
-        float acc_s[32], acc_dp[32];
+        float acc_s[BM / 2], acc_dp[BM / 2];
         st_dpt_exp(m, it, acc_s, acc_dp);
-        uint32_t a_p[4][4], a_ds[4][4];
+        uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
         to_a_fragments<T>(acc_s, a_p);
         wgmma_fence();
         issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
         wgmma_wait<1>();  // dP^T has landed (dV may still run)
-        make_dst<T>(acc_s, acc_dp, sDs, t, a_ds);
+        if constexpr (D == 64) make_dst_from_fragments<T>(a_p, acc_dp, sDs, t, a_ds);
+        else make_dst<T>(acc_s, acc_dp, sDs, t, a_ds);
         wgmma_fence();
         issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
         store_dst(sdS, a_ds, key_row0, g, t);
@@ -411,11 +377,12 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
 
         float acc_dq[32];
         wgmma_fence();
-        issue_dq<T>(acc_dq, smem_u32(sdS), k_cols);
+        if constexpr (D == 64) issue_dq<T>(acc_dq, smem_u32(sdS) + cw * BN * 128, sK);  // queries 64cw..
+        else issue_dq<T>(acc_dq, smem_u32(sdS), k_cols);                         // head-dim columns 64cw..
         wgmma_wait<0>();  // dQ, dV and dK of this block: slot s is read
         mbar_arrive_if(q_empty + 8 * s, true);
 
-        stage_dq(acc_dq, it);  // sub-tile cw: head-dim columns 64cw..
+        stage_dq(acc_dq, it);  // sub-tile cw
     }
     // Epilogue through shared memory (as the forward's): this warpgroup's dK and dV go into its own
     // rows of the K and V tiles, then TMA stores of 64 x 64 boxes. V's rows were read only by this
