@@ -107,36 +107,22 @@ __device__ __forceinline__ void issue_rs_over_queries(float (&acc)[D / 2], const
     wgmma_commit();
 }
 
-// dS^T = P^T o (dP^T - D) straight into A fragments, P^T from its fp32 registers (they fit without
-// spills as the loops do not hoist addresses, and skip 32 unpacks per block against reading the 16-bit
-// fragments back: +1-2%). sDs: the block's D entries.
-template <typename T, int N>
-__device__ __forceinline__ void make_dst(const float (&s)[N], const float (&dp)[N], const float *sDs, int t,
-                                         uint32_t (&a_ds)[N / 8][4]) {
+// dS^T = P^T o (dP^T - D) straight into A fragments. sDs: the block's D entries. P^T from its fp32
+// registers s (they fit without spills at head dim 128 as the loops do not hoist addresses, and skip
+// 32 unpacks per block against reading the 16-bit fragments back: +1-2%), or, kFromFragments, read back
+// from its 16-bit A fragments a_p (to_a_fragments' layout), so s's registers are free once a_p is made
+// (head dim 64). P^T is then the 16-bit value dV used: one more rounding in dS^T (relative 2^-9,
+// before dS^T's own).
+template <typename T, bool kFromFragments, int N>
+__device__ __forceinline__ void make_dst(const float (&s)[N], const uint32_t (&a_p)[N / 8][4], const float (&dp)[N],
+                                         const float *sDs, int t, uint32_t (&a_ds)[N / 8][4]) {
 #pragma unroll
     for (int kc = 0; kc < N / 8; ++kc)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {  // fragment e: n8 tile j = 2kc + e/2, rows +8*(e%2)
             const int j = 2 * kc + e / 2, i0 = 4 * j + 2 * (e % 2);
             const float2 dsum = *reinterpret_cast<const float2 *>(sDs + 8 * j + 2 * t);
-            const float2 pp = make_float2(s[i0], s[i0 + 1]);
-            a_ds[kc][e] = pack2<T>(pp.x * (dp[i0] - dsum.x), pp.y * (dp[i0 + 1] - dsum.y));
-        }
-}
-
-// As make_dst with P^T read back from its 16-bit A fragments (to_a_fragments' layout), so its fp32
-// registers are free once the fragments are made. P^T is then the 16-bit value dV used: one more
-// rounding in dS^T (relative 2^-9 before dS^T's own) than make_dst.
-template <typename T, int N>
-__device__ __forceinline__ void make_dst_from_fragments(const uint32_t (&a_p)[N / 8][4], const float (&dp)[N],
-                                                        const float *sDs, int t, uint32_t (&a_ds)[N / 8][4]) {
-#pragma unroll
-    for (int kc = 0; kc < N / 8; ++kc)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int j = 2 * kc + e / 2, i0 = 4 * j + 2 * (e % 2);
-            const float2 dsum = *reinterpret_cast<const float2 *>(sDs + 8 * j + 2 * t);
-            const float2 pp = unpack2<T>(a_p[kc][e]);
+            const float2 pp = kFromFragments ? unpack2<T>(a_p[kc][e]) : make_float2(s[i0], s[i0 + 1]);
             a_ds[kc][e] = pack2<T>(pp.x * (dp[i0] - dsum.x), pp.y * (dp[i0 + 1] - dsum.y));
         }
 }

@@ -335,8 +335,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
             pass_turn(m);
             wgmma_wait<1>();  // dP^T has landed (dV may still run)
-            if constexpr (D == 64) make_dst_from_fragments<T>(a_p, acc_dp, sDs, t, a_ds);
-            else make_dst<T>(acc_s, acc_dp, sDs, t, a_ds);
+            make_dst<T, D == 64>(acc_s, a_p, acc_dp, sDs, t, a_ds);
             wgmma_fence();
             issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
             mbar_wait(ds_empty + 8 * bd, ((it / 3) & 1) ^ 1);  // both warpgroups' dQ of block it - 3 read it
@@ -367,8 +366,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         wgmma_fence();
         issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
         wgmma_wait<1>();  // dP^T has landed (dV may still run)
-        if constexpr (D == 64) make_dst_from_fragments<T>(a_p, acc_dp, sDs, t, a_ds);
-        else make_dst<T>(acc_s, acc_dp, sDs, t, a_ds);
+        make_dst<T, D == 64>(acc_s, a_p, acc_dp, sDs, t, a_ds);
         wgmma_fence();
         issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
         store_dst(sdS, a_ds, key_row0, g, t);
