@@ -1,15 +1,17 @@
-"""A/B of two source trees' attention kernels in one process: is a kernel change faster than the kept
+"""A/B of source trees' attention kernels in one process: is a kernel change faster than the kept
 code, row by row? Each tree's extension is built (or taken from the kernel cache) by that tree's own
-`kernels.build` in a subprocess; both modules are then loaded side by side (their names carry the
-source hash) and called directly, the two candidates' calls interleaved (bench/cuda_timing.py), median
-of `--rounds` medians. On a GPU:
+`kernels.build` in a subprocess; the modules are then loaded side by side (their names carry the
+source hash) and called directly, all candidates' calls interleaved (bench/cuda_timing.py), median of
+`--rounds` medians. Several NEW trees are timed against the one OLD tree in the same run. On a GPU:
 
     git worktree add /tmp/old main        # or `git archive main kernels | tar -x -C /tmp/old`
     python dev/ab_builds.py /tmp/old . --pass bwd --hdims 128 64
+    python dev/ab_builds.py /tmp/old /tmp/try1 /tmp/try2 --pass fwd --causal 1
 
-Prints per row TFLOP/s of each (FLOPs 4·b·h·s²·d, halved if causal; backward 2.5x that) and new / old,
-with the largest difference between their outputs (gradients: the dQ reduce order differs call to call,
-so expect a few bf16 units at most). The shapes are the kernel sweep's: 16k tokens a batch, d_model 2048.
+Prints per row TFLOP/s of each (FLOPs 4·b·h·s²·d, halved if causal; backward 2.5x that) and each new /
+old, with the largest difference between a new tree's outputs and the old one's (gradients: the dQ
+reduce order differs call to call, so expect a few bf16 units at most); last, per new tree, the median
+and range of new / old over the rows. The shapes are the kernel sweep's: 16k tokens a batch, d_model 2048.
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ def build(tree: Path) -> ModuleType:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("old", type=Path)
-    ap.add_argument("new", type=Path)
+    ap.add_argument("new", type=Path, nargs="+")
     ap.add_argument("--pass", dest="which", choices=["bwd", "fwd"], default="bwd")
     ap.add_argument("--hdims", type=int, nargs="+", default=[128, 64])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
@@ -56,11 +58,18 @@ def main() -> None:
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
-    exts = {"old": build(a.old.resolve()), "new": build(a.new.resolve())}
-    if exts["old"].__name__ == exts["new"].__name__:
-        raise SystemExit("the two trees have the same kernel sources (one source hash): nothing to compare")
-    print("| pass | hdim | mask | seqlen | old TFLOP/s | new TFLOP/s | new / old | max output difference |")
-    print("|---|---|---|---|---|---|---|---|")
+    trees = {"old": a.old, **{f"new{i + 1}": t for i, t in enumerate(a.new)}}
+    exts = {n: build(t.resolve()) for n, t in trees.items()}
+    names = [e.__name__ for e in exts.values()]
+    if len(set(names)) < len(names):
+        raise SystemExit("two trees have the same kernel sources (one source hash): nothing to compare")
+    news = [n for n in exts if n != "old"]
+    for n in news:
+        print(f"{n}: {trees[n]}")
+    print("| pass | hdim | mask | seqlen | old TFLOP/s | " + " | ".join(f"{n} TFLOP/s | {n} / old | {n} max diff"
+                                                               for n in news) + " |")
+    print("|---|---|---|---|---|" + "---|---|---|" * len(news))
+    ratios = {n: [] for n in news}
     for d in a.hdims:
         for causal in map(bool, a.causal):
             for s in a.seqlens:
@@ -78,13 +87,20 @@ def main() -> None:
 
                 # compared: dq, dk, dv; or the forward's output (not its LSE)
                 got = {n: call(n)[: 3 if a.which == "bwd" else 1] for n in exts}
-                diff = max((x.float() - y.float()).abs().max().item() for x, y in zip(got["old"], got["new"]))
                 fns = {n: (lambda n=n: call(n)) for n in exts}
                 runs = [time_interleaved_ms(fns, a.reps) for _ in range(a.rounds)]
                 ms = {n: statistics.median(r[n] for r in runs) for n in exts}
                 flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0) * (2.5 if a.which == "bwd" else 1.0)
+                cells = []
+                for n in news:
+                    diff = max((x.float() - y.float()).abs().max().item() for x, y in zip(got["old"], got[n]))
+                    ratios[n].append(ms["old"] / ms[n])
+                    cells.append(f"{flops / ms[n] / 1e9:.0f} | {ms['old'] / ms[n]:.3f} | {diff:.2e}")
                 print(f"| {a.which} | {d} | {'causal' if causal else 'full'} | {s} | {flops / ms['old'] / 1e9:.0f} | "
-                      f"{flops / ms['new'] / 1e9:.0f} | {ms['old'] / ms['new']:.3f} | {diff:.2e} |", flush=True)
+                      + " | ".join(cells) + " |", flush=True)
+    for n in news:
+        r = ratios[n]
+        print(f"{n} / old over {len(r)} rows: median {statistics.median(r):.3f}, range {min(r):.3f}-{max(r):.3f}")
 
 
 if __name__ == "__main__":
