@@ -26,7 +26,7 @@
 // dS^T too (dQ/dK/dV rows past the sequence are never written).
 // From 1024 queries (hopper/dispatch.h pingpong_backward; head dims 128 and 64) the
 // consumers take turns (pingpong) and each block's dQ product runs one step late, so they never meet
-// at a barrier -- see the Pingpong loops; dS^T then rotates through three buffers (ds_full /
+// at a barrier -- see the Pingpong loop; dS^T then rotates through three buffers (ds_full /
 // ds_empty mbarriers) and dQ is staged in one buffer.
 // Shared memory (BwsSmem), head dim 128: K, V 32 K each; Q, dO 2 x 16 K each; dS^T 2 x 16 K; dQ 2 x
 // 32 K (tile copies); LSE, D 2 x 256 each; barriers: 225 KB (pingpong: dS^T 3 x 16 K, dQ 1 x 32 K:
@@ -57,7 +57,7 @@ struct BwdTmaMaps {
 constexpr int kBwsThreads = 384, kBwsBN = 128;
 
 // Shared-memory layout at head dim D (64 or 128), byte offsets; every tile 1024-aligned (128B swizzle).
-// DQS: dQ staging buffers, NDS: dS^T buffers. The pingpong loops (dQ one step behind) take 1 and 3.
+// DQS: dQ staging buffers, NDS: dS^T buffers. The pingpong loop (dQ one step behind) takes 1 and 3.
 template <int D, int DQS_ = 2, int NDS_ = 2>
 struct BwsSmem {
     static constexpr int DQS = DQS_, NDS = NDS_;
@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         mbar_arrive_if(dq_full + 8 * st, true);
     };
 
-    // Pingpong loops (both head dims). A warpgroup's turn to issue S^T and dP^T: barrier 8 + cw, passed
+    // Pingpong loop (both head dims). A warpgroup's turn to issue S^T and dP^T: barrier 8 + cw, passed
     // to it by the other after that one's dV; warpgroup 1 opens, and warpgroup 2's last step passes no
     // turn, so arrivals match syncs.
     auto take_turn = [&](int it) {
@@ -346,13 +346,10 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         }
         last_dq(steps);
     } else
-    // Lock-step: both warpgroups meet once per block at a named barrier before the block's dQ product
-    // (both halves of dS^T). Head dim 64 takes 128 queries per block: per block a warpgroup's products
-    // are half as long as at head dim 128 while its elementwise work and fixed costs are not, so the
-    // block is twice as wide (S^T, dP^T m64n128), and each warpgroup computes dQ for its 64 of the
-    // block's 128 queries (all 128 keys). dS^T is double-buffered: buffer (it + 1) % 2 is written at
-    // block it + 1 only after its writer passed block it's barrier, i.e. after both finished dQ of
-    // block it - 1.
+    // Lock-step (the header has its synchronisation). Head dim 64 takes 128 queries per block: per
+    // block a warpgroup's products are half as long as at head dim 128 while its elementwise work and
+    // fixed costs are not, so the block is twice as wide (S^T, dP^T m64n128), and each warpgroup
+    // computes dQ for its 64 of the block's 128 queries (all 128 keys).
     for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
         const int s = it & 1;  // Q / dO slot and dS^T buffer
         const uint32_t q_base = sQ + s * L::Q, do_base = sdO + s * L::Q;
