@@ -8,7 +8,8 @@ source hash) and called directly, all candidates' calls interleaved (bench/cuda_
     python dev/ab_builds.py /tmp/old . --pass bwd --hdims 128 64
     python dev/ab_builds.py /tmp/old /tmp/try1 /tmp/try2 --pass fwd --causal 1
 
-Prints per row TFLOP/s of each (FLOPs 4·b·h·s²·d, halved if causal; backward 2.5x that) and each new /
+Prints per row TFLOP/s of each (FLOPs 4·b·h·d per query-key pair: s² pairs, halved if causal, s·w - w(w-1)/2
+under a causal window of w tokens; backward 2.5x that) and each new /
 old, with the largest difference between a new tree's outputs and the old one's (gradients: the dQ
 reduce order differs call to call, so expect a few bf16 units at most); last, per new tree, the median
 and range of new / old over the rows. The shapes are the kernel sweep's: 16k tokens a batch, d_model 2048.
@@ -53,6 +54,8 @@ def main() -> None:
     ap.add_argument("--hdims", type=int, nargs="+", default=[128, 64])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--causal", type=int, nargs="+", default=[1, 0])
+    ap.add_argument("--windows", type=int, nargs="*", default=[],
+                    help="also causal local windows of w tokens (window_size=(w - 1, 0)) at seqlens above w")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
@@ -70,33 +73,36 @@ def main() -> None:
                                                                for n in news) + " |")
     print("|---|---|---|---|---|" + "---|---|---|" * len(news))
     ratios = {n: [] for n in news}
+    masks = [("causal" if c else "full", bool(c), 0) for c in a.causal] + [(f"win{w}", True, w) for w in a.windows]
     for d in a.hdims:
-        for causal in map(bool, a.causal):
-            for s in a.seqlens:
+        for label, causal, w in masks:
+            for s in (n for n in a.seqlens if n > w):
                 b, h, scale = max(1, 16384 // s), 2048 // d, d ** -0.5
+                left, right = (w - 1, 0) if w else (-1, -1)
                 torch.manual_seed(0)
                 q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-                fwd = {n: e.fwd(q, k, v, None, None, s, s, scale, causal, -1, -1) for n, e in exts.items()}
+                fwd = {n: e.fwd(q, k, v, None, None, s, s, scale, causal, left, right) for n, e in exts.items()}
 
                 def call(n: str):
                     e = exts[n]
                     if a.which == "fwd":
-                        return e.fwd(q, k, v, None, None, s, s, scale, causal, -1, -1)
+                        return e.fwd(q, k, v, None, None, s, s, scale, causal, left, right)
                     out, lse = fwd[n]
-                    return e.bwd(dout, q, k, v, out, lse, None, None, s, s, scale, causal, -1, -1, False)
+                    return e.bwd(dout, q, k, v, out, lse, None, None, s, s, scale, causal, left, right, False)
 
                 # compared: dq, dk, dv; or the forward's output (not its LSE)
                 got = {n: call(n)[: 3 if a.which == "bwd" else 1] for n in exts}
                 fns = {n: (lambda n=n: call(n)) for n in exts}
                 runs = [time_interleaved_ms(fns, a.reps) for _ in range(a.rounds)]
                 ms = {n: statistics.median(r[n] for r in runs) for n in exts}
-                flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0) * (2.5 if a.which == "bwd" else 1.0)
+                pairs = s * w - w * (w - 1) // 2 if w else s * s * (0.5 if causal else 1.0)  # query-key pairs
+                flops = 4 * b * h * pairs * d * (2.5 if a.which == "bwd" else 1.0)
                 cells = []
                 for n in news:
                     diff = max((x.float() - y.float()).abs().max().item() for x, y in zip(got["old"], got[n]))
                     ratios[n].append(ms["old"] / ms[n])
                     cells.append(f"{flops / ms[n] / 1e9:.0f} | {ms['old'] / ms[n]:.3f} | {diff:.2e}")
-                print(f"| {a.which} | {d} | {'causal' if causal else 'full'} | {s} | {flops / ms['old'] / 1e9:.0f} | "
+                print(f"| {a.which} | {d} | {label} | {s} | {flops / ms['old'] / 1e9:.0f} | "
                       + " | ".join(cells) + " |", flush=True)
     for n in news:
         r = ratios[n]

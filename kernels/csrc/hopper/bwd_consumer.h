@@ -65,23 +65,30 @@ __device__ __forceinline__ void issue_st_dpt(float (&s)[N], float (&dp)[N], uint
     wgmma_commit();
 }
 
+// This thread's query columns' LSE entries (times log2 e) of a block, from shared memory: pair j holds
+// queries 8j + 2t, 8j + 2t + 1, the columns of its S^T accumulator (N fp32).
+template <int N>
+__device__ __forceinline__ void load_lse_pairs(const float *sL, int t, float2 (&out)[N / 4]) {
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) out[j] = *reinterpret_cast<const float2 *>(sL + 8 * j + 2 * t);
+}
+
 // P^T = exp2(S^T * scale_log2 - LSE * log2 e) in place; masked(key, query) -> 0 where it says so
 // (called only when need_mask). key0: this warp's first key (in the sequence), q0: the block's first
-// query. sL: the block's LSE entries in shared memory, already times log2 e when kLseLog2 (the TMA
-// kernel's producer scales them: one FMUL fewer per pair). The unmasked loop is a separate branch so
-// blocks away from the diagonal and the sequence end run no mask arithmetic (the select-based form
+// query. lse_pair(j): the LSE entries (times log2 e, scaled by the producer) of load_lse_pairs' pair j,
+// from registers loaded earlier or straight from shared memory. The unmasked loop is a separate branch
+// so blocks away from the diagonal and the sequence end run no mask arithmetic (the select-based form
 // cost ~200 instructions per warp and block).
-template <bool kLseLog2 = false, int N, typename Masked>
-__device__ __forceinline__ void exp_pt(float (&s)[N], const float *sL, float scale_log2, bool need_mask, int key0,
+template <int N, typename LsePair, typename Masked>
+__device__ __forceinline__ void exp_pt(float (&s)[N], LsePair lse_pair, float scale_log2, bool need_mask, int key0,
                                        int q0, int g, int t, Masked masked) {
-    constexpr float kLog2e = 1.4426950408889634f;
     auto exp_all = [&](auto with_mask) {
 #pragma unroll
         for (int j = 0; j < N / 4; ++j) {
-            const float2 lse = *reinterpret_cast<const float2 *>(sL + 8 * j + 2 * t);
+            const float2 lse = lse_pair(j);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const float l = ((i % 2) ? lse.y : lse.x) * (kLseLog2 ? 1.f : kLog2e);
+                const float l = (i % 2) ? lse.y : lse.x;
                 float p = exp2f(fmaf(s[4 * j + i], scale_log2, -l));
                 if constexpr (decltype(with_mask)::value) {
                     if (masked(key0 + g + 8 * (i / 2), q0 + 8 * j + 2 * t + (i % 2))) p = 0.f;
@@ -127,21 +134,34 @@ __device__ __forceinline__ void make_dst(const float (&s)[N], const uint32_t (&a
         }
 }
 
-// This warp's 16 key rows of dS^T (or P^T; fragments) into the swizzled 128-key x NQ-query tile sdS
-// (NQ = 16 KC; queries 64.. in the second atom column).
-// The address arithmetic is made opaque per call (opaque(g)): otherwise the compiler hoists
-// the 4 KC loop-invariant offsets out of the block loop and, at KC = 8, spills them.
-template <int KC>
-__device__ __forceinline__ void store_dst(uint8_t *sdS, const uint32_t (&a_ds)[KC][4], int key_row0, int g, int t) {
-    const int gg = int(opaque(uint32_t(g)));
-    uint8_t *row = sdS + (key_row0 + gg) * 128 + 4 * t;  // rows r = key_row0 + g (+8); r % 8 == g
+// This warp's 16 key rows of dS^T (fragments) into the swizzled 128-key x NQ-query tile sdS (NQ = 16 KC;
+// queries 64.. in the second atom column). The address arithmetic is made opaque per call: otherwise
+// the compiler hoists the 4 KC loop-invariant offsets out of the block loop and, at KC = 8, spills them.
+// kStmatrix: one stmatrix per 16 queries (a quarter of the instructions: +0 to +1.8% at head dim 64, -1%
+// at 128). Fragment e of a_ds[kc] is the 8 x 8 matrix at rows 8 (e % 2), columns 16 kc + 8 (e / 2);
+// lane l addresses row l % 8 of matrix e = l / 8, the 16-byte chunk 2 (kc % 4) + e / 2 of that row,
+// stored at chunk ^ (row % 8) (128B swizzle; row % 8 = l % 8 as key_row0 is a multiple of 16).
+// Otherwise one 32-bit store per pair.
+template <bool kStmatrix, int KC>
+__device__ __forceinline__ void store_dst(uint8_t *sdS, const uint32_t (&a_ds)[KC][4], int key_row0, int lane) {
+    if constexpr (kStmatrix) {
+        const int e = lane / 8, r = lane % 8;
+        const uint32_t row = smem_u32(sdS) + (key_row0 + 8 * (e % 2) + r) * 128;
+        const uint32_t hr = opaque(uint32_t((e / 2) ^ r));  // chunk ^ r = 2 (kc % 4) ^ (e / 2) ^ r
 #pragma unroll
-    for (int kc = 0; kc < KC; ++kc)
+        for (int kc = 0; kc < KC; ++kc) stmatrix_x4(row + (kc / 4) * 128 * 128 + ((uint32_t(2 * (kc % 4)) ^ hr) * 16), a_ds[kc]);
+    } else {
+        const int g = lane / 4, t = lane % 4;
+        const int gg = int(opaque(uint32_t(g)));
+        uint8_t *row = sdS + (key_row0 + gg) * 128 + 4 * t;  // rows r = key_row0 + g (+8); r % 8 == g
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {  // swizzled_offset<128>(r, 16kc + 8(e/2) + 2t)
-            const int chunk = 2 * (kc % 4) + e / 2;
-            *reinterpret_cast<uint32_t *>(row + (kc / 4) * 128 * 128 + 8 * (e % 2) * 128 + ((chunk ^ gg) * 16)) = a_ds[kc][e];
-        }
+        for (int kc = 0; kc < KC; ++kc)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {  // swizzled_offset<128>(r, 16kc + 8(e/2) + 2t)
+                const int chunk = 2 * (kc % 4) + e / 2;
+                *reinterpret_cast<uint32_t *>(row + (kc / 4) * 128 * 128 + 8 * (e % 2) * 128 + ((chunk ^ gg) * 16)) = a_ds[kc][e];
+            }
+    }
 }
 
 // dQ (64 queries x head-dim columns of k_cols' atom column) = dS K over the 128 keys. Commits.

@@ -56,6 +56,7 @@ struct FwdRowState {
     float acc_o[D / 2];             // O (64 x D per warpgroup), un-normalised
     float row_max[2], row_sum[2];   // rows g, g + 8 (raw scores; row_sum per thread, quad-reduced at the end)
     float corr[2];                  // exp2 of (old max - new max) * scale_log2, applied to O by rescale
+    float max_scaled[2];            // the current maxima times scale_log2 (0 for a row with none)
 
     __device__ __forceinline__ void init() {
 #pragma unroll
@@ -69,10 +70,22 @@ struct FwdRowState {
     }
 
     // Mask S (keys >= sk; causal: key > query row + causal_off), update the row statistics and turn
-    // S into un-normalised P in place. qrow0: the first query row (in the sequence) of this warp.
+    // S into un-normalised P in place, one row after the other. qrow0: the first query row (in the
+    // sequence) of this warp.
     template <bool Is_causal, bool Is_even>
     __device__ __forceinline__ void softmax(float (&s)[64], int n_block, int qrow0, int sk, int causal_off,
                                             float scale_log2, int g, int t) {
+        mask<Is_causal, Is_even>(s, n_block, qrow0, sk, causal_off, g, t);
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            update_max(s, hr, scale_log2);
+            exponentiate(s, hr, scale_log2);
+        }
+    }
+
+    template <bool Is_causal, bool Is_even>
+    __device__ __forceinline__ void mask(float (&s)[64], int n_block, int qrow0, int sk, int causal_off, int g,
+                                         int t) {
         const bool need_mask = (!Is_even && (n_block + 1) * BN > sk) ||
                                (Is_causal && (n_block + 1) * BN - 1 > qrow0 + causal_off);
         if (need_mask) {
@@ -85,26 +98,31 @@ struct FwdRowState {
                     if (key >= sk || (Is_causal && key > qrow + causal_off)) s[4 * j + e] = -INFINITY;
                 }
         }
+    }
+
+    // Row hr's new maximum (row_max, max_scaled) and O's correction factor corr[hr].
+    __device__ __forceinline__ void update_max(const float (&s)[64], int hr, float scale_log2) {
+        float mx = row_max[hr];
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-            float mx = row_max[hr];
+        for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
+        mx = quad_max(mx);
+        max_scaled[hr] = (mx == -INFINITY) ? 0.f : mx * scale_log2;
+        corr[hr] = exp2f(row_max[hr] * scale_log2 - max_scaled[hr]);
+        row_max[hr] = mx;
+    }
+
+    // Row hr of S -> exp2(S * scale_log2 - max * scale_log2) in place, and its row sum.
+    __device__ __forceinline__ void exponentiate(float (&s)[64], int hr, float scale_log2) {
+        float sum = 0.f;
 #pragma unroll
-            for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
-            mx = quad_max(mx);
-            const float mx_scaled = (mx == -INFINITY) ? 0.f : mx * scale_log2;
-            corr[hr] = exp2f(row_max[hr] * scale_log2 - mx_scaled);
-            row_max[hr] = mx;
-            float sum = 0.f;
+        for (int j = 0; j < 16; ++j)
 #pragma unroll
-            for (int j = 0; j < 16; ++j)
-#pragma unroll
-                for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
-                    const float pe = exp2f(s[4 * j + e] * scale_log2 - mx_scaled);
-                    s[4 * j + e] = pe;
-                    sum += pe;
-                }
-            row_sum[hr] = row_sum[hr] * corr[hr] + sum;
-        }
+            for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
+                const float pe = exp2f(s[4 * j + e] * scale_log2 - max_scaled[hr]);
+                s[4 * j + e] = pe;
+                sum += pe;
+            }
+        row_sum[hr] = row_sum[hr] * corr[hr] + sum;
     }
 
     // Under a local window (Flash_fwd_params::window_left / window_right; Is_causal: the right bound at

@@ -91,6 +91,16 @@ __device__ __forceinline__ void fence_async_smem() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
+// Four 8 x 8 matrices of 16-bit values from registers into shared memory (stmatrix). Lane l gives the
+// address of row l % 8 of matrix l / 8 (16 contiguous bytes); r[i] holds this lane's pair of matrix i,
+// row l / 4, columns 2 (l % 4) and + 1 (the mma / wgmma A-fragment layout).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+#ifdef FLASHGPT_WGMMA_ENABLED
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+#endif
+}
 
 #define FLASHGPT_D64(d)                                                                                   \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
