@@ -5,7 +5,11 @@ template <typename T>
 void run_bwd_preprocess(Flash_bwd_params &params, cudaStream_t stream) {
     dim3 grid(flash::cdiv(params.seqlen_q, flash::kPreRowsPerBlock), params.h, params.b);
     const int64_t dq_accum_n4 = params.dq_accum_floats / 4;  // d % 32 == 0
-    flash::flash_bwd_preprocess_kernel<T><<<grid, flash::kPreThreads, 0, stream>>>(params, dq_accum_n4);
+    if (flash::pre_row_threads(params.d) == 8) {
+        flash::flash_bwd_preprocess_kernel<T, 8><<<grid, flash::kPreThreads, 0, stream>>>(params, dq_accum_n4);
+    } else {
+        flash::flash_bwd_preprocess_kernel<T, 16><<<grid, flash::kPreThreads, 0, stream>>>(params, dq_accum_n4);
+    }
     FLASH_KERNEL_LAUNCH_CHECK();
 }
 

@@ -1,7 +1,8 @@
 // Backward pre-pass and post-pass kernels (memory-bound, simple).
-//   pre-pass:  D = rowsum(dO o O) in fp32, 16 threads per query row (8-byte loads), laid out like
-//              LSE; and dq_accum zeroed (each block a contiguous slice of the flat buffer: no
-//              separate memset kernel, and rows outside every varlen sequence are zeroed too).
+//   pre-pass:  D = rowsum(dO o O) in fp32, kRowThreads threads per query row (16-byte loads of 8
+//              elements), laid out like LSE; and dq_accum zeroed (each block a contiguous slice of the
+//              flat buffer: no separate memset kernel, and rows outside every varlen sequence are zeroed
+//              too).
 //   post-pass: dQ = dq_accum * softmax_scale, fp32 -> bf16/fp16, 4 elements per thread; dQ's rows may
 //              sit further apart than dq_accum's (a view of a packed dqkv gradient). dq_accum is
 //              row-major, or tiled (hopper/dq_tiles.h: one thread block per tile).
@@ -13,12 +14,22 @@
 
 namespace flash {
 
-constexpr int kPreThreads = 256, kPreRowThreads = 16, kPreRowsPerBlock = kPreThreads / kPreRowThreads;
+// Pre-pass: 64 query rows of one (batch, head) per block. Each thread takes kRowsPerBlock * kRowThreads
+// / kPreThreads rows, all of their loads issued before the sums, so enough bytes are in flight to
+// keep HBM busy (8-byte loads and 16 rows per block ran at two thirds of FA4's pre-pass rate, ncu).
+constexpr int kPreThreads = 256, kPreRowsPerBlock = 64;
 
-// dq_accum_n4: float4s in dq_accum (total_q * h * d / 4).
-template <typename T>
+// Threads per query row at head dim d: the row's 16-byte chunks (d / 8) on at most 16 threads, a power
+// of two, so a row's threads sit in one half-warp for the shuffle reduction.
+constexpr int pre_row_threads(int d) { return d <= 64 ? 8 : 16; }
+
+// dq_accum_n4: float4s in dq_accum (total_q * h * d / 4). d: a multiple of 8; rows 16-byte aligned
+// (flash_api.cpp aligned()).
+template <typename T, int kRowThreads>
 __global__ void __launch_bounds__(kPreThreads)
 flash_bwd_preprocess_kernel(const Flash_bwd_params params, int64_t dq_accum_n4) {
+    constexpr int kRowsPerPass = kPreThreads / kRowThreads, kPasses = kPreRowsPerBlock / kRowsPerPass;
+    static_assert(kRowThreads <= 16 && kPasses * kRowsPerPass == kPreRowsPerBlock, "rows per block");
     const int64_t n_blocks = int64_t(gridDim.x) * gridDim.y * gridDim.z;
     const int64_t block = (int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
     const int64_t slice = (dq_accum_n4 + n_blocks - 1) / n_blocks;
@@ -27,27 +38,40 @@ flash_bwd_preprocess_kernel(const Flash_bwd_params params, int64_t dq_accum_n4) 
     for (int64_t i = block * slice + threadIdx.x; i < zero_end; i += kPreThreads) dq_accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 
     const int b = blockIdx.z, h = blockIdx.y;
-    const int lane = threadIdx.x % kPreRowThreads;  // the 16 threads of a row sit in one half-warp
-    const int row = blockIdx.x * kPreRowsPerBlock + threadIdx.x / kPreRowThreads;
+    const int lane = threadIdx.x % kRowThreads;
+    const int row0 = blockIdx.x * kPreRowsPerBlock + threadIdx.x / kRowThreads;  // + pass * kRowsPerPass
     const SeqInfo seq(params, b);
-    const bool in_seq = row < seq.sq;
-    float acc = 0.f;
-    if (in_seq) {
-        const T *o = reinterpret_cast<const T *>(params.o_ptr) +
-                     seq.q_off(params, params.o_batch_stride, params.o_row_stride, params.o_head_stride, b, h) +
-                     int64_t(row) * params.o_row_stride;
-        const T *dout = reinterpret_cast<const T *>(params.do_ptr) +
-                        seq.q_off(params, params.do_batch_stride, params.do_row_stride, params.do_head_stride, b, h) +
-                        int64_t(row) * params.do_row_stride;
-        for (int p = lane; p < params.d / 4; p += kPreRowThreads) {  // 4 elements per 8-byte load
-            const uint2 x = reinterpret_cast<const uint2 *>(o)[p], y = reinterpret_cast<const uint2 *>(dout)[p];
-            const float2 x0 = unpack2<T>(x.x), x1 = unpack2<T>(x.y), y0 = unpack2<T>(y.x), y1 = unpack2<T>(y.y);
-            acc += x0.x * y0.x + x0.y * y0.y + x1.x * y1.x + x1.y * y1.y;
+    const T *o = reinterpret_cast<const T *>(params.o_ptr) +
+                 seq.q_off(params, params.o_batch_stride, params.o_row_stride, params.o_head_stride, b, h);
+    const T *dout = reinterpret_cast<const T *>(params.do_ptr) +
+                    seq.q_off(params, params.do_batch_stride, params.do_row_stride, params.do_head_stride, b, h);
+    float acc[kPasses];
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+        const int row = row0 + pass * kRowsPerPass;
+        acc[pass] = 0.f;
+        if (row < seq.sq) {
+            const uint4 *o_row = reinterpret_cast<const uint4 *>(o + int64_t(row) * params.o_row_stride);
+            const uint4 *do_row = reinterpret_cast<const uint4 *>(dout + int64_t(row) * params.do_row_stride);
+            for (int p = lane; p < params.d / 8; p += kRowThreads) {  // 8 elements per 16-byte load
+                const uint4 x = o_row[p], y = do_row[p];
+                const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float2 xe = unpack2<T>(xs[e]), ye = unpack2<T>(ys[e]);
+                    acc[pass] += xe.x * ye.x + xe.y * ye.y;
+                }
+            }
         }
     }
 #pragma unroll
-    for (int off = kPreRowThreads / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffff, acc, off);
-    if (in_seq && lane == 0) params.dsoftmax_sum_ptr[seq.lse_off(params, b, h) + row] = acc;
+    for (int pass = 0; pass < kPasses; ++pass) {
+        float a = acc[pass];
+#pragma unroll
+        for (int off = kRowThreads / 2; off > 0; off /= 2) a += __shfl_xor_sync(0xffffffff, a, off);
+        const int row = row0 + pass * kRowsPerPass;
+        if (row < seq.sq && lane == 0) params.dsoftmax_sum_ptr[seq.lse_off(params, b, h) + row] = a;
+    }
 }
 
 // row4: float4s per dq_accum row (h * d / 4); out_row4: dQ's row stride in 4-element units.
