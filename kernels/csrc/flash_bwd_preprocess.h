@@ -14,9 +14,10 @@
 
 namespace flash {
 
-// Pre-pass: 64 query rows of one (batch, head) per block. Each thread takes kRowsPerBlock * kRowThreads
+// Pre-pass: 64 query rows of one (batch, head) per block. Each thread takes kPreRowsPerBlock * kRowThreads
 // / kPreThreads rows, all of their loads issued before the sums, so enough bytes are in flight to
-// keep HBM busy (8-byte loads and 16 rows per block ran at two thirds of FA4's pre-pass rate, ncu).
+// keep HBM busy (with 8-byte loads and 16 rows per block the head-dim-64 pre-pass reaches two thirds of
+// FA4's rate, ncu).
 constexpr int kPreThreads = 256, kPreRowsPerBlock = 64;
 
 // Threads per query row at head dim d: the row's 16-byte chunks (d / 8) on at most 16 threads, a power
