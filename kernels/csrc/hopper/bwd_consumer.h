@@ -1,7 +1,8 @@
 // What a warpgroup of the Hopper backward kernel (flash_bwd_sm90_ws.h) does per
 // query block: 64 keys (its half of the 128-key block) x 64 queries, head dim 128. (At head dim 64 the
-// kernel takes 128 queries per block, NQ below, and makes dS^T from P^T's 16-bit fragments: see
-// flash_bwd_sm90_ws.h. The helpers take the query count from their array sizes.)
+// kernel takes 128 queries per block, NQ below, and makes dS^T from P^T's 16-bit fragments or, dense
+// non-causal, packs P^T and dS^T together once dP^T has landed: see flash_bwd_sm90_ws.h. The helpers
+// take the query count from their array sizes.)
 //   S^T  (64 keys x 64 q)  = K_wg Q^T        SS m64n64, both K-major (d contiguous), 8 k16 over d
 //   dP^T (64 keys x 64 q)  = V_wg dO^T       SS m64n64, likewise (its own wgmma group)
 //   P^T = exp(S^T * scale - LSE[q])          in registers while dP^T is still running
@@ -131,6 +132,22 @@ __device__ __forceinline__ void make_dst(const float (&s)[N], const uint32_t (&a
             const float2 dsum = *reinterpret_cast<const float2 *>(sDs + 8 * j + 2 * t);
             const float2 pp = kFromFragments ? unpack2<T>(a_p[kc][e]) : make_float2(s[i0], s[i0 + 1]);
             a_ds[kc][e] = pack2<T>(pp.x * (dp[i0] - dsum.x), pp.y * (dp[i0 + 1] - dsum.y));
+        }
+}
+
+// P^T (fp32 registers s, from exp_pt) and dS^T = P^T o (dP^T - D) into their A fragments in one pass,
+// once dP^T has landed (to_a_fragments' layout for both).
+template <typename T, int N>
+__device__ __forceinline__ void pack_p_dst(const float (&s)[N], const float (&dp)[N], const float *sDs, int t,
+                                           uint32_t (&a_p)[N / 8][4], uint32_t (&a_ds)[N / 8][4]) {
+#pragma unroll
+    for (int kc = 0; kc < N / 8; ++kc)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {  // fragment e: n8 tile j = 2kc + e/2, rows +8*(e%2)
+            const int j = 2 * kc + e / 2, i0 = 4 * j + 2 * (e % 2);
+            const float2 dsum = *reinterpret_cast<const float2 *>(sDs + 8 * j + 2 * t);
+            a_p[kc][e] = pack2<T>(s[i0], s[i0 + 1]);
+            a_ds[kc][e] = pack2<T>(s[i0] * (dp[i0] - dsum.x), s[i0 + 1] * (dp[i0 + 1] - dsum.y));
         }
 }
 
