@@ -311,6 +311,12 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         }
     };
 
+    // Dense non-causal head dim 64: P^T and dS^T packed together from fp32 once dP^T has landed, dV and
+    // dK issued back to back (in turns the turn then passes right after the exps): backward +3.6% at 1k
+    // to +7.3% at 16k in turns, +1% in lock-step at 512; the causal and window kernels gain less than
+    // with dV issued first and dS^T made from P^T's fragments. Both loops make the same choice, so the
+    // two schedules give the same bits.
+    constexpr bool kPackTogether = D == 64 && !Is_causal && !Is_local;
     mbar_wait(kv_full, 0);
     if constexpr (Pingpong) {
         // Both head dims: the two warpgroups take turns (pingpong) and each block's dQ product runs
@@ -336,11 +342,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             take_turn(it);
             st_dpt_exp(m, it, acc_s, acc_dp);
             uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
-            // Dense non-causal head dim 64: the turn passes right after the exps, and P^T and dS^T are
-            // packed together from fp32 once dP^T has landed, dV and dK issued back to back (+3.6% at 1k
-            // to +7.3% at 16k; the causal and window kernels gain less than with dV issued first).
-            constexpr bool kPackTogether = D == 64 && !Is_causal && !Is_local;
-            if constexpr (kPackTogether) {
+            if constexpr (kPackTogether) {  // the turn passes right after the exps
                 pass_turn(m);
                 wgmma_wait<0>();  // dP^T has landed
                 pack_p_dst<T>(acc_s, acc_dp, sDs, t, a_p, a_ds);
@@ -377,12 +379,19 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         float acc_s[BM / 2], acc_dp[BM / 2];
         st_dpt_exp(m, it, acc_s, acc_dp);
         uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
-        to_a_fragments<T>(acc_s, a_p);
-        wgmma_fence();
-        issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
-        wgmma_wait<1>();  // dP^T has landed (dV may still run)
-        make_dst<T, D == 64>(acc_s, a_p, acc_dp, sDs, t, a_ds);
-        wgmma_fence();
+        if constexpr (kPackTogether) {
+            wgmma_wait<0>();  // dP^T has landed
+            pack_p_dst<T>(acc_s, acc_dp, sDs, t, a_p, a_ds);
+            wgmma_fence();
+            issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
+        } else {
+            to_a_fragments<T>(acc_s, a_p);
+            wgmma_fence();
+            issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
+            wgmma_wait<1>();  // dP^T has landed (dV may still run)
+            make_dst<T, D == 64>(acc_s, a_p, acc_dp, sDs, t, a_ds);
+            wgmma_fence();
+        }
         issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
         store_dst<D == 64>(sdS, a_ds, key_row0, lane);
         fence_async_smem();          // dS^T stores -> visible to wgmma
