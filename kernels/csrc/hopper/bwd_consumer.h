@@ -135,22 +135,6 @@ __device__ __forceinline__ void make_dst(const float (&s)[N], const uint32_t (&a
         }
 }
 
-// P^T (fp32 registers s, from exp_pt) and dS^T = P^T o (dP^T - D) into their A fragments in one pass,
-// once dP^T has landed (to_a_fragments' layout for both).
-template <typename T, int N>
-__device__ __forceinline__ void pack_p_dst(const float (&s)[N], const float (&dp)[N], const float *sDs, int t,
-                                           uint32_t (&a_p)[N / 8][4], uint32_t (&a_ds)[N / 8][4]) {
-#pragma unroll
-    for (int kc = 0; kc < N / 8; ++kc)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {  // fragment e: n8 tile j = 2kc + e/2, rows +8*(e%2)
-            const int j = 2 * kc + e / 2, i0 = 4 * j + 2 * (e % 2);
-            const float2 dsum = *reinterpret_cast<const float2 *>(sDs + 8 * j + 2 * t);
-            a_p[kc][e] = pack2<T>(s[i0], s[i0 + 1]);
-            a_ds[kc][e] = pack2<T>(s[i0] * (dp[i0] - dsum.x), s[i0 + 1] * (dp[i0 + 1] - dsum.y));
-        }
-}
-
 // This warp's 16 key rows of dS^T (fragments) into the swizzled 128-key x NQ-query tile sdS (NQ = 16 KC;
 // queries 64.. in the second atom column). The address arithmetic is made opaque per call: otherwise
 // the compiler hoists the 4 KC loop-invariant offsets out of the block loop and, at KC = 8, spills them.

@@ -311,12 +311,34 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         }
     };
 
-    // Dense non-causal head dim 64: P^T and dS^T packed together from fp32 once dP^T has landed, dV and
-    // dK issued back to back (in turns the turn then passes right after the exps): backward +3.6% at 1k
-    // to +7.3% at 16k in turns, +1% in lock-step at 512; the causal and window kernels gain less than
-    // with dV issued first and dS^T made from P^T's fragments. Both loops make the same choice, so the
-    // two schedules give the same bits.
-    constexpr bool kPackTogether = D == 64 && !Is_causal && !Is_local;
+    // P^T's and dS^T's A fragments from a block's P^T (fp32, exponentiated in place) and dP^T, with dV
+    // issued on the way, for dK to follow. turn(): where the pingpong loop passes the turn. Dense
+    // non-causal head dim 64 packs P^T and dS^T together from fp32 once dP^T has landed, dV and dK then
+    // issued back to back, the turn passed right after the exps: backward +3.6% at 1k to +7.3% at 16k
+    // in turns, +1% in lock-step at 512; the causal and window kernels gain less than with dV issued
+    // first and dS^T made from P^T's fragments, and head dim 128 loses 1-4%. Both loops make the same
+    // choice, so the two schedules give the same bits.
+    auto fragments_and_dv = [&](const auto &acc_s, const auto &acc_dp, const float *sDs, uint32_t do_base, auto &a_p,
+                                auto &a_ds, auto turn) {
+        constexpr bool kPackTogether = D == 64 && !Is_causal && !Is_local;
+        if constexpr (kPackTogether) {
+            turn();
+            wgmma_wait<0>();  // dP^T has landed
+            to_a_fragments<T>(acc_s, a_p);
+            make_dst<T, false>(acc_s, a_p, acc_dp, sDs, t, a_ds);
+            wgmma_fence();
+            issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
+        } else {
+            to_a_fragments<T>(acc_s, a_p);
+            wgmma_fence();
+            issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
+            turn();
+            wgmma_wait<1>();  // dP^T has landed (dV may still run)
+            make_dst<T, D == 64>(acc_s, a_p, acc_dp, sDs, t, a_ds);
+            wgmma_fence();
+        }
+    };
+
     mbar_wait(kv_full, 0);
     if constexpr (Pingpong) {
         // Both head dims: the two warpgroups take turns (pingpong) and each block's dQ product runs
@@ -331,7 +353,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         // Measured against lock-step on an H100: +3-4% f+b at 4k-16k (backward alone +7% at causal
         // 8k; trace: step 4540 -> 4290 clocks, warpgroups 1500 apart). In both loops dV and dK take P^T
         // and dS^T from registers (A fragments); at head dim 64 dS^T is made from P^T's 16-bit
-        // fragments, so P^T's fp32 registers are free once its fragments exist (but for kPackTogether).
+        // fragments, so P^T's fp32 registers are free once its fragments exist (but see fragments_and_dv).
         const int steps = range.m_max - range.m_min;
         for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
             const int s = it & 1, bd = it % 3;
@@ -342,21 +364,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             take_turn(it);
             st_dpt_exp(m, it, acc_s, acc_dp);
             uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
-            if constexpr (kPackTogether) {  // the turn passes right after the exps
-                pass_turn(m);
-                wgmma_wait<0>();  // dP^T has landed
-                pack_p_dst<T>(acc_s, acc_dp, sDs, t, a_p, a_ds);
-                wgmma_fence();
-                issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
-            } else {
-                to_a_fragments<T>(acc_s, a_p);
-                wgmma_fence();
-                issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
-                pass_turn(m);
-                wgmma_wait<1>();  // dP^T has landed (dV may still run)
-                make_dst<T, D == 64>(acc_s, a_p, acc_dp, sDs, t, a_ds);
-                wgmma_fence();
-            }
+            fragments_and_dv(acc_s, acc_dp, sDs, do_base, a_p, a_ds, [&] { pass_turn(m); });
             issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
             mbar_wait(ds_empty + 8 * bd, ((it / 3) & 1) ^ 1);  // both warpgroups' dQ of block it - 3 read it
             store_dst<D == 64>(smem + L::dS + bd * L::DS, a_ds, key_row0, lane);
@@ -379,19 +387,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         float acc_s[BM / 2], acc_dp[BM / 2];
         st_dpt_exp(m, it, acc_s, acc_dp);
         uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
-        if constexpr (kPackTogether) {
-            wgmma_wait<0>();  // dP^T has landed
-            pack_p_dst<T>(acc_s, acc_dp, sDs, t, a_p, a_ds);
-            wgmma_fence();
-            issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
-        } else {
-            to_a_fragments<T>(acc_s, a_p);
-            wgmma_fence();
-            issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
-            wgmma_wait<1>();  // dP^T has landed (dV may still run)
-            make_dst<T, D == 64>(acc_s, a_p, acc_dp, sDs, t, a_ds);
-            wgmma_fence();
-        }
+        fragments_and_dv(acc_s, acc_dp, sDs, do_base, a_p, a_ds, [] {});
         issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
         store_dst<D == 64>(sdS, a_ds, key_row0, lane);
         fence_async_smem();          // dS^T stores -> visible to wgmma
