@@ -15,9 +15,8 @@
 namespace flash {
 
 // Pre-pass: 64 query rows of one (batch, head) per block. Each thread takes kPreRowsPerBlock * kRowThreads
-// / kPreThreads rows, all of their loads issued before the sums, so enough bytes are in flight to
-// keep HBM busy (with 8-byte loads and 16 rows per block the head-dim-64 pre-pass reaches two thirds of
-// FA4's rate, ncu).
+// / kPreThreads rows (unrolled), with 16-byte loads, so more bytes are in flight per thread (with 8-byte
+// loads and 16 rows per block the head-dim-64 pre-pass reached two thirds of FA4's rate, ncu).
 constexpr int kPreThreads = 256, kPreRowsPerBlock = 64;
 
 // Threads per query row at head dim d: the row's 16-byte chunks (d / 8) on at most 16 threads, a power

@@ -344,9 +344,8 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         // Both head dims: the two warpgroups take turns (pingpong) and each block's dQ product runs
         // one step late. A warpgroup issues its S^T and dP^T only once the other has issued its dV of
         // the step before (warpgroup 2: of the same step; dense non-causal head dim 64: finished its
-        // exps), so one's exp and dS^T run under the other's
-        // products instead of both waiting on the tensor pipe together (the lock-step loop below keeps
-        // the pipe 57% busy in a trace). For that they must not meet once per step, as the loop below
+        // exps), so one's exp and dS^T run under the other's products instead of both waiting on the
+        // tensor pipe together (the lock-step loop below keeps the pipe 57% busy in a trace). For that they must not meet once per step, as the loop below
         // does before its dQ product (both halves of dS^T): block it's dQ runs in step
         // it + 1, after that step's dS^T is stored, and waits only for the other warpgroup's half of
         // block it's dS^T, stored about half a step earlier. dS^T rotates through three buffers (block
