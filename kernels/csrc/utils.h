@@ -90,8 +90,7 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
     return *reinterpret_cast<uint32_t *>(&v);
 }
 template <typename T> __device__ __forceinline__ float2 unpack2(uint32_t v);
-// bf16 is the high half of an fp32: a shift and a mask (the intrinsic's PRMT sequence cost the
-// head-dim-64 backward 1-3%, where dS^T reads P^T back from its fragments).
+// bf16 is the high half of an fp32: a shift and a mask, cheaper than the intrinsic's PRMT sequence.
 template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t v) {
     return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
 }

@@ -1,8 +1,7 @@
 // What a warpgroup of the Hopper backward kernel (flash_bwd_sm90_ws.h) does per
 // query block: 64 keys (its half of the 128-key block) x 64 queries, head dim 128. (At head dim 64 the
-// kernel takes 128 queries per block, NQ below, and makes dS^T from P^T's 16-bit fragments or, dense
-// non-causal, packs P^T and dS^T together once dP^T has landed: see flash_bwd_sm90_ws.h. The helpers
-// take the query count from their array sizes.)
+// kernel takes 128 queries per block, NQ below, and packs P^T and dS^T together once dP^T has landed:
+// see flash_bwd_sm90_ws.h. The helpers take the query count from their array sizes.)
 //   S^T  (64 keys x 64 q)  = K_wg Q^T        SS m64n64, both K-major (d contiguous), 8 k16 over d
 //   dP^T (64 keys x 64 q)  = V_wg dO^T       SS m64n64, likewise (its own wgmma group)
 //   P^T = exp(S^T * scale - LSE[q])          in registers while dP^T is still running
@@ -79,10 +78,11 @@ __device__ __forceinline__ void load_lse_pairs(const float *sL, int t, float2 (&
 // query. lse_pair(j): the LSE entries (times log2 e, scaled by the producer) of load_lse_pairs' pair j,
 // from registers loaded earlier or straight from shared memory. The unmasked loop is a separate branch
 // so blocks away from the diagonal and the sequence end run no mask arithmetic (the select-based form
-// cost ~200 instructions per warp and block).
-template <int N, typename LsePair, typename Masked>
+// cost ~200 instructions per warp and block). then(): called at the end of each branch, not after
+// them, so ptxas can schedule what it does (the next wait, the packs, dS^T) into the exps of either.
+template <int N, typename LsePair, typename Masked, typename Then>
 __device__ __forceinline__ void exp_pt(float (&s)[N], LsePair lse_pair, float scale_log2, bool need_mask, int key0,
-                                       int q0, int g, int t, Masked masked) {
+                                       int q0, int g, int t, Masked masked, Then then) {
     auto exp_all = [&](auto with_mask) {
 #pragma unroll
         for (int j = 0; j < N / 4; ++j) {
@@ -100,8 +100,10 @@ __device__ __forceinline__ void exp_pt(float (&s)[N], LsePair lse_pair, float sc
     };
     if (need_mask) {
         exp_all(std::true_type{});
+        then();
     } else {
         exp_all(std::false_type{});
+        then();
     }
 }
 
@@ -116,22 +118,18 @@ __device__ __forceinline__ void issue_rs_over_queries(float (&acc)[D / 2], const
 }
 
 // dS^T = P^T o (dP^T - D) straight into A fragments. sDs: the block's D entries. P^T from its fp32
-// registers s (they fit without spills at head dim 128 as the loops do not hoist addresses, and skip
-// 32 unpacks per block against reading the 16-bit fragments back: +1-2%), or, kFromFragments, read back
-// from its 16-bit A fragments a_p (to_a_fragments' layout), so s's registers are free once a_p is made
-// (head dim 64). P^T is then the 16-bit value dV used: one more rounding in dS^T (relative 2^-9,
-// before dS^T's own).
-template <typename T, bool kFromFragments, int N>
-__device__ __forceinline__ void make_dst(const float (&s)[N], const uint32_t (&a_p)[N / 8][4], const float (&dp)[N],
-                                         const float *sDs, int t, uint32_t (&a_ds)[N / 8][4]) {
+// registers s (they fit without spills as the loops do not hoist addresses; reading P^T back from its
+// 16-bit fragments instead costs 32 unpacks per block and one more rounding).
+template <typename T, int N>
+__device__ __forceinline__ void make_dst(const float (&s)[N], const float (&dp)[N], const float *sDs, int t,
+                                         uint32_t (&a_ds)[N / 8][4]) {
 #pragma unroll
     for (int kc = 0; kc < N / 8; ++kc)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {  // fragment e: n8 tile j = 2kc + e/2, rows +8*(e%2)
             const int j = 2 * kc + e / 2, i0 = 4 * j + 2 * (e % 2);
             const float2 dsum = *reinterpret_cast<const float2 *>(sDs + 8 * j + 2 * t);
-            const float2 pp = kFromFragments ? unpack2<T>(a_p[kc][e]) : make_float2(s[i0], s[i0 + 1]);
-            a_ds[kc][e] = pack2<T>(pp.x * (dp[i0] - dsum.x), pp.y * (dp[i0 + 1] - dsum.y));
+            a_ds[kc][e] = pack2<T>(s[i0] * (dp[i0] - dsum.x), s[i0 + 1] * (dp[i0 + 1] - dsum.y));
         }
 }
 

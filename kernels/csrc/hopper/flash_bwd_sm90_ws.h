@@ -229,8 +229,9 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     for (int i = 0; i < D / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
 
     // Block m (the it-th): wait for slot it % 2 (Q, dO, LSE, D), issue S^T and dP^T on it, and once S^T
-    // has landed turn it into P^T in place (masked only where the block crosses the diagonal or an end).
-    auto st_dpt_exp = [&](int m, int it, auto &acc_s, auto &acc_dp) {
+    // has landed turn it into P^T in place (masked only where the block crosses the diagonal or an end);
+    // then() at the end of either exp branch (exp_pt).
+    auto st_dpt_exp = [&](int m, int it, auto &acc_s, auto &acc_dp, auto then) {
         const int s = it & 1;
         mbar_wait(q_full + 8 * s, (it >> 1) & 1);
         wgmma_fence();
@@ -249,13 +250,13 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             const bool need_mask = range.need_mask<Is_causal, false>(m, n_block, BM, BN) || (m + 1) * BM > seq.sq;
             exp_pt(acc_s, lse_pair, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t, [&](int key, int q) {
                 return q >= seq.sq || range.masked<Is_causal, false>(key, q);
-            });
+            }, then);
         } else {
             const bool need_mask = (Is_causal && n_block * BN + BN - 1 > m * BM + range.causal_off) ||
                                    (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk));
             exp_pt(acc_s, lse_pair, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t, [&](int key, int q) {
                 return key >= seq.sk || q >= seq.sq || (Is_causal && key > q + range.causal_off);
-            });
+            }, then);
         }
     };
     // Block it's dQ slice (this warpgroup's 64 x 64 fp32 accumulator) into sub-tile cw of staging
@@ -311,30 +312,34 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         }
     };
 
-    // P^T's and dS^T's A fragments from a block's P^T (fp32, exponentiated in place) and dP^T, with dV
-    // issued on the way, for dK to follow. turn(): where the pingpong loop passes the turn. Dense
-    // non-causal head dim 64 packs P^T and dS^T together from fp32 once dP^T has landed, dV and dK then
-    // issued back to back, the turn passed right after the exps: backward +3.6% at 1k to +7.3% at 16k
-    // in turns, +1% in lock-step at 512; the causal and window kernels gain less than with dV issued
-    // first and dS^T made from P^T's fragments, and head dim 128 loses 1-4%. Both loops make the same
-    // choice, so the two schedules give the same bits.
-    auto fragments_and_dv = [&](const auto &acc_s, const auto &acc_dp, const float *sDs, uint32_t do_base, auto &a_p,
-                                auto &a_ds, auto turn) {
-        constexpr bool kPackTogether = D == 64 && !Is_causal && !Is_local;
-        if constexpr (kPackTogether) {
-            turn();
-            wgmma_wait<0>();  // dP^T has landed
-            to_a_fragments<T>(acc_s, a_p);
-            make_dst<T, false>(acc_s, a_p, acc_dp, sDs, t, a_ds);
+    // Block m's S^T, dP^T and P^T (st_dpt_exp), then P^T's and dS^T's A fragments, with dV issued, for
+    // dK to follow. turn(): where the pingpong loop passes the turn. Head dim 64 waits for dP^T, packs
+    // P^T and dS^T together from fp32 and issues dV and dK back to back, all of it inside the exps'
+    // branch (exp_pt's then), the turn passed right after the exps: ptxas then moves dP^T's wait into
+    // the exps and fills their MUFU gaps with dS^T's arithmetic and packs (against dV issued first and
+    // dS^T made from P^T's 16-bit fragments: backward +3.6% to +7.3% dense non-causal in turns, +2%
+    // causal, +2.6% windows; the same after the branch gains only without the mask branch). Head dim
+    // 128 issues dV first and makes dS^T while it runs (packing together there loses 1-4%). Both loops
+    // make the same choice, so the two schedules give the same bits.
+    auto block_fragments_and_dv = [&](int m, int it, auto &acc_s, auto &acc_dp, const float *sDs, uint32_t do_base,
+                                      auto &a_p, auto &a_ds, auto turn) {
+        if constexpr (D == 64) {
+            st_dpt_exp(m, it, acc_s, acc_dp, [&] {
+                turn();
+                wgmma_wait<0>();  // dP^T has landed
+                to_a_fragments<T>(acc_s, a_p);
+                make_dst<T>(acc_s, acc_dp, sDs, t, a_ds);
+            });
             wgmma_fence();
             issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
         } else {
+            st_dpt_exp(m, it, acc_s, acc_dp, [] {});
             to_a_fragments<T>(acc_s, a_p);
             wgmma_fence();
             issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
             turn();
             wgmma_wait<1>();  // dP^T has landed (dV may still run)
-            make_dst<T, D == 64>(acc_s, a_p, acc_dp, sDs, t, a_ds);
+            make_dst<T>(acc_s, acc_dp, sDs, t, a_ds);
             wgmma_fence();
         }
     };
@@ -343,17 +348,17 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     if constexpr (Pingpong) {
         // Both head dims: the two warpgroups take turns (pingpong) and each block's dQ product runs
         // one step late. A warpgroup issues its S^T and dP^T only once the other has issued its dV of
-        // the step before (warpgroup 2: of the same step; dense non-causal head dim 64: finished its
-        // exps), so one's exp and dS^T run under the other's products instead of both waiting on the
-        // tensor pipe together (the lock-step loop below keeps the pipe 57% busy in a trace). For that they must not meet once per step, as the loop below
-        // does before its dQ product (both halves of dS^T): block it's dQ runs in step
-        // it + 1, after that step's dS^T is stored, and waits only for the other warpgroup's half of
-        // block it's dS^T, stored about half a step earlier. dS^T rotates through three buffers (block
-        // it in it % 3; full / empty mbarriers), and one dQ staging buffer makes the room.
-        // Measured against lock-step on an H100: +3-4% f+b at 4k-16k (backward alone +7% at causal
-        // 8k; trace: step 4540 -> 4290 clocks, warpgroups 1500 apart). In both loops dV and dK take P^T
-        // and dS^T from registers (A fragments); at head dim 64 dS^T is made from P^T's 16-bit
-        // fragments, so P^T's fp32 registers are free once its fragments exist (but see fragments_and_dv).
+        // the step before (warpgroup 2: of the same step; head dim 64: finished its exps), so one's exp
+        // and dS^T run under the other's products instead of both waiting on the tensor pipe together
+        // (the lock-step loop below keeps the pipe 57% busy in a trace). For that they must not meet
+        // once per step, as the loop below does before its dQ product (both halves of dS^T): block it's
+        // dQ runs in step it + 1, after that step's dS^T is stored, and waits only for the other
+        // warpgroup's half of block it's dS^T, stored about half a step earlier. dS^T rotates through
+        // three buffers (block it in it % 3; full / empty mbarriers), and one dQ staging buffer makes
+        // the room. Measured against lock-step on an H100: +3-4% f+b at 4k-16k (backward alone +7% at
+        // causal 8k; trace: step 4540 -> 4290 clocks, warpgroups 1500 apart). In both loops dV and dK
+        // take P^T and dS^T from registers (A fragments), both made from P^T's fp32 registers
+        // (block_fragments_and_dv).
         const int steps = range.m_max - range.m_min;
         for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
             const int s = it & 1, bd = it % 3;
@@ -362,9 +367,8 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
 
             float acc_s[BM / 2], acc_dp[BM / 2];
             take_turn(it);
-            st_dpt_exp(m, it, acc_s, acc_dp);
             uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
-            fragments_and_dv(acc_s, acc_dp, sDs, do_base, a_p, a_ds, [&] { pass_turn(m); });
+            block_fragments_and_dv(m, it, acc_s, acc_dp, sDs, do_base, a_p, a_ds, [&] { pass_turn(m); });
             issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
             mbar_wait(ds_empty + 8 * bd, ((it / 3) & 1) ^ 1);  // both warpgroups' dQ of block it - 3 read it
             store_dst<D == 64>(smem + L::dS + bd * L::DS, a_ds, key_row0, lane);
@@ -385,9 +389,8 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         uint8_t *sdS = smem + L::dS + s * L::DS;
 
         float acc_s[BM / 2], acc_dp[BM / 2];
-        st_dpt_exp(m, it, acc_s, acc_dp);
         uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
-        fragments_and_dv(acc_s, acc_dp, sDs, do_base, a_p, a_ds, [] {});
+        block_fragments_and_dv(m, it, acc_s, acc_dp, sDs, do_base, a_p, a_ds, [] {});
         issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
         store_dst<D == 64>(sdS, a_ds, key_row0, lane);
         fence_async_smem();          // dS^T stores -> visible to wgmma
