@@ -32,11 +32,16 @@ def max_err(a, ref) -> float:
 
 
 def check_against_torch(name: str, ours, ref, pt, eps: float):
-    """ours within 2x PyTorch's own error (pt, the same op in the input dtype) of the fp32 reference, + eps;
-    no NaN or inf (an unwritten, poisoned element). Returns (ours' error, torch's)."""
+    """ours within 2x PyTorch's own error (pt, the same op in the input dtype) of the fp32 reference, + eps,
+    + the error of storing the reference itself in ours' dtype (up to half a unit in the last place of its
+    largest elements: a max error over a rounded tensor is that large however exactly it was computed,
+    and torch's can land below it by chance; at 512 x 512, bf16, dV's largest elements near 6, half a ulp
+    is 1.6e-2); no NaN or inf (an unwritten, poisoned element). Returns (ours' error, torch's)."""
     assert torch.isfinite(ours).all(), f"{name}: NaN or inf in output (unwritten element?)"
     e, e_pt = max_err(ours, ref), max_err(pt, ref)
-    assert e <= 2 * e_pt + eps, f"{name}: max err {e:.3e} > 2 x torch's {e_pt:.3e} + {eps}"
+    rounding = max_err(ref.to(ours.dtype), ref)
+    assert e <= 2 * e_pt + eps + rounding, (f"{name}: max err {e:.3e} > 2 x torch's {e_pt:.3e} + {eps}"
+                                            f" + {rounding:.3e} (the reference rounded to {ours.dtype})")
     return e, e_pt
 
 

@@ -2,7 +2,7 @@
 
 Against the fp32 reference (kernels.reference, window_mask's semantics) with the tolerance of
 test_kernels_gpu.py: the kernel's max abs error <= 2 x PyTorch's own error computing the same thing in
-bf16/fp16 + a small eps, for the output and dq, dk, dv; the LSE where the reference's is finite, +inf and
+bf16/fp16 + a small eps + the reference's own rounding to that dtype, for the output and dq, dk, dv; the LSE where the reference's is finite, +inf and
 a zero output where a row sees no key. Uninitialised memory is poisoned with NaN (an element a kernel
 leaves unwritten shows). On sm_90 windowed calls at head dims 64 / 128 run the Hopper (TMA) kernels as
 unwindowed ones do (docs/kernels.md, dispatch); the correctness tests run on the default path and, on
@@ -52,8 +52,8 @@ def _grads(out, inputs, dout):
     return torch.autograd.grad(out, inputs, dout)
 
 
-def run_dense(b, h, hk, sq, sk, d, dtype, causal, window, deterministic=False):
-    torch.manual_seed(next(_seed))
+def run_dense(b, h, hk, sq, sk, d, dtype, causal, window, deterministic=False, seed=None):
+    torch.manual_seed(next(_seed) if seed is None else seed)
     q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
     k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
     v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
@@ -88,6 +88,13 @@ SHAPES = [(1, 2, 2, 1000, 1037), (2, 2, 2, 1037, 1000), (1, 2, 2, 512, 512)]
 def test_window_dense(shape, dtype, d, window, causal, path):
     skip_same_kernel(d, path)
     run_dense(*shape, d, dtype, causal, window)
+
+
+def test_window_dv_rounding_case():
+    """An input (seed 4392) where torch's bf16 dV error (1.05e-2) fell below the rounding of dV's largest
+    elements (near 6: half a ulp is 1.6e-2), so ours (2.2e-2, the same as an exact emulation of the
+    kernel's arithmetic) exceeded 2x torch's: the tolerance counts the reference's own rounding."""
+    run_dense(1, 2, 2, 512, 512, 64, torch.bfloat16, True, (256, 256), seed=4392)
 
 
 @pytest.mark.parametrize("causal", [False, True])
