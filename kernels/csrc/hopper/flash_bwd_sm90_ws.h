@@ -313,14 +313,15 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     };
 
     // Block m's S^T, dP^T and P^T (st_dpt_exp), then P^T's and dS^T's A fragments, with dV issued, for
-    // dK to follow. turn(): where the pingpong loop passes the turn. Head dim 64 waits for dP^T, packs
-    // P^T and dS^T together from fp32 and issues dV and dK back to back, all of it inside the exps'
-    // branch (exp_pt's then), the turn passed right after the exps: ptxas then moves dP^T's wait into
-    // the exps and fills their MUFU gaps with dS^T's arithmetic and packs (against dV issued first and
-    // dS^T made from P^T's 16-bit fragments: backward +3.6% to +7.3% dense non-causal in turns, +2%
-    // causal, +2.6% windows; the same after the branch gains only without the mask branch). Head dim
-    // 128 issues dV first and makes dS^T while it runs (packing together there loses 1-4%). Both loops
-    // make the same choice, so the two schedules give the same bits.
+    // dK to follow. turn(): where the pingpong loop passes the turn. Head dim 64, inside the exps'
+    // branch (exp_pt's then): the turn, the wait for dP^T, and P^T and dS^T packed together from fp32;
+    // dV and dK are then issued back to back (a wgmma issued inside the branch serialises, C7512).
+    // ptxas moves dP^T's wait into the exps and fills their MUFU gaps with dS^T's arithmetic and packs
+    // (against dV issued first and dS^T made from P^T's 16-bit fragments: backward +3.6% to +7.3% dense
+    // non-causal in turns, +2% causal, +2.6% windows; after the branch it gains only without the mask
+    // branch). Head dim 128 issues dV first and makes dS^T while it runs (packing together there, after
+    // the branch or inside it, loses up to 5%). Both loops make the same choice, so the two schedules
+    // give the same bits.
     auto block_fragments_and_dv = [&](int m, int it, auto &acc_s, auto &acc_dp, const float *sDs, uint32_t do_base,
                                       auto &a_p, auto &a_ds, auto turn) {
         if constexpr (D == 64) {
