@@ -19,3 +19,13 @@ def _fresh_dynamo_for_gpu_tests(request):
 
         torch._dynamo.reset()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _inputs_by_test_id(request):
+    """Each test's random inputs depend on its own id only (gpu_util.InputSeeds), not on which tests ran
+    before it."""
+    from gpu_util import InputSeeds
+
+    InputSeeds.start_test(request.node.nodeid)
+    yield

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import re
+import zlib
 
 import pytest
 import torch
@@ -51,9 +52,35 @@ def ext():
     return load_extension()
 
 
+class InputSeeds:
+    """A test module's seeds for its random inputs: next() gives first + k for the test's k-th draw, k
+    counted from the start of each test, plus an offset from the test's node id (tests/conftest.py calls
+    start_test), so a test draws the same inputs however it was selected (-k, one file, the suite) and a
+    failure reproduces on its own."""
+
+    _all: list["InputSeeds"] = []
+
+    def __init__(self, first: int):
+        self.first = self.value = first
+        InputSeeds._all.append(self)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> int:
+        self.value += 1
+        return self.value - 1
+
+    @classmethod
+    def start_test(cls, nodeid: str) -> None:
+        offset = 1000 * (zlib.crc32(nodeid.encode()) % 1_000_000)
+        for seeds in cls._all:
+            seeds.value = seeds.first + offset
+
+
 def fresh_factory(first_seed: int):
     """fresh(*shape, dtype=bf16, scale=1.0): a new seeded N(0, scale^2) CUDA tensor per call."""
-    seeds = itertools.count(first_seed)
+    seeds = InputSeeds(first_seed)
 
     def fresh(*shape, dtype=torch.bfloat16, scale=1.0):
         torch.manual_seed(next(seeds))

@@ -10,7 +10,6 @@ TMA kernel in lock-step and in turns; tests/gpu_util.py BACKWARD_PATHS).
 """
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch
@@ -19,12 +18,12 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from gpu_util import (BACKWARD_PATHS, backward_path_fixture, cu_seqlens, every_case, require_extension,  # noqa: E402
+from gpu_util import (InputSeeds, BACKWARD_PATHS, backward_path_fixture, cu_seqlens, every_case, require_extension,  # noqa: E402
                       skip_same_kernel)
 from kernels import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func  # noqa: E402
 
 REPEATS = 50
-_seed = itertools.count(4700)
+_seed = InputSeeds(4700)
 
 PATHS = list(BACKWARD_PATHS)
 

@@ -12,7 +12,6 @@ D = rowsum(dO o O) from the rounded output carries an error the first lacks (e.g
 """
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch
@@ -21,14 +20,14 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from gpu_util import (BACKWARD_PATHS, backward_path_fixture, cu_seqlens, every_case, require_extension,  # noqa: E402
+from gpu_util import (InputSeeds, BACKWARD_PATHS, backward_path_fixture, cu_seqlens, every_case, require_extension,  # noqa: E402
                       skip_same_kernel)
 from kernels import flash_attn_func, flash_attn_varlen_func  # noqa: E402
 from kernels.reference import (attention_grads_flash, attention_grads_flash_varlen, attention_ref,  # noqa: E402
                                attention_varlen_ref)
 
 SCALE = 4.0  # q, k, v ~ N(0, 4^2): logits of magnitude ~16 (d 128) to ~60
-_seed = itertools.count(4200)
+_seed = InputSeeds(4200)
 
 PATHS = list(BACKWARD_PATHS)
 

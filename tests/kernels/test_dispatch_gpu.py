@@ -15,10 +15,10 @@ if not torch.cuda.is_available():
 
 import kernels  # noqa: E402
 from kernels import flash_attn_func, flash_attn_varlen_func  # noqa: E402
-from gpu_util import (TABLE_ENTRIES, ext, kernel_families, kernel_path as run_path, launched_kernels,  # noqa: E402
+from gpu_util import (InputSeeds, TABLE_ENTRIES, ext, kernel_families, kernel_path as run_path, launched_kernels,  # noqa: E402
                       poison_uninitialised_memory, reset_dispatch)
 
-_seed = itertools.count(4321)
+_seed = InputSeeds(4321)
 
 
 @pytest.fixture(scope="module", autouse=True)

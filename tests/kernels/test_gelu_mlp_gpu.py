@@ -7,8 +7,6 @@ input spans its curved range (std ~1); row counts include odd ones.
 """
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,9 +16,10 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 import kernels  # noqa: E402
+from gpu_util import InputSeeds  # noqa: E402
 from kernels.gelu_mlp import gelu_mlp, gelu_mlp_supported, reference_mlp  # noqa: E402
 
-_seed = itertools.count(777)
+_seed = InputSeeds(777)
 EPS = 1e-3
 
 
