@@ -18,8 +18,8 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from gpu_util import (InputSeeds, BACKWARD_PATHS, backward_path_fixture, cu_seqlens, every_case, require_extension,  # noqa: E402
-                      skip_same_kernel)
+from gpu_util import (BACKWARD_PATHS, InputSeeds, backward_path_fixture, cu_seqlens, every_case,  # noqa: E402
+                      require_extension, skip_same_kernel)
 from kernels import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func  # noqa: E402
 
 REPEATS = 50

@@ -15,8 +15,8 @@ if not torch.cuda.is_available():
 
 import kernels  # noqa: E402
 from kernels import flash_attn_func, flash_attn_varlen_func  # noqa: E402
-from gpu_util import (InputSeeds, TABLE_ENTRIES, ext, kernel_families, kernel_path as run_path, launched_kernels,  # noqa: E402
-                      poison_uninitialised_memory, reset_dispatch)
+from gpu_util import (TABLE_ENTRIES, InputSeeds, ext, kernel_families, kernel_path as run_path,  # noqa: E402
+                      launched_kernels, poison_uninitialised_memory, reset_dispatch)
 
 _seed = InputSeeds(4321)
 

@@ -27,7 +27,8 @@ if not torch.cuda.is_available():
 from kernels import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func  # noqa: E402
 from kernels.reference import attention_ref, attention_varlen_ref  # noqa: E402
 # built_and_poisoned (autouse): outputs start as NaN, so an element a kernel leaves unwritten fails the comparison
-from gpu_util import InputSeeds, backward_path_fixture, built_and_poisoned, check_against_torch, max_err  # noqa: E402,F401
+from gpu_util import (InputSeeds, backward_path_fixture, built_and_poisoned, check_against_torch,  # noqa: E402,F401
+                      max_err)
 
 DTYPES = [torch.bfloat16, torch.float16]
 HDIMS = [64, 96, 128]

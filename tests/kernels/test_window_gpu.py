@@ -2,12 +2,12 @@
 
 Against the fp32 reference (kernels.reference, window_mask's semantics) with the tolerance of
 test_kernels_gpu.py: the kernel's max abs error <= 2 x PyTorch's own error computing the same thing in
-bf16/fp16 + a small eps + the reference's own rounding to that dtype, for the output and dq, dk, dv; the LSE where the reference's is finite, +inf and
-a zero output where a row sees no key. Uninitialised memory is poisoned with NaN (an element a kernel
-leaves unwritten shows). On sm_90 windowed calls at head dims 64 / 128 run the Hopper (TMA) kernels as
-unwindowed ones do (docs/kernels.md, dispatch); the correctness tests run on the default path and, on
-Hopper, also on FA2 in both passes, on the Hopper forward with the FA2 backward, and on the Hopper
-backward taking turns (the `path` fixture).
+bf16/fp16 + a small eps + the reference's own rounding to that dtype, for the output and dq, dk, dv; the
+LSE where the reference's is finite, +inf and a zero output where a row sees no key. Uninitialised memory
+is poisoned with NaN (an element a kernel leaves unwritten shows). On sm_90 windowed calls at head dims 64
+/ 128 run the Hopper (TMA) kernels as unwindowed ones do (docs/kernels.md, dispatch); the correctness
+tests run on the default path and, on Hopper, also on FA2 in both passes, on the Hopper forward with the
+FA2 backward, and on the Hopper backward taking turns (the `path` fixture).
 """
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ if not torch.cuda.is_available():
 
 from kernels import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func  # noqa: E402
 from kernels.reference import attention_ref, attention_varlen_ref  # noqa: E402
-from gpu_util import (InputSeeds, backward_path_fixture, built_and_poisoned, check_against_torch,  # noqa: E402,F401
-                      is_hopper, kernel_families, kernel_path, launched_kernels, skip_same_kernel)
+from gpu_util import (InputSeeds, backward_path_fixture, built_and_poisoned,  # noqa: E402,F401
+                      check_against_torch, is_hopper, kernel_families, kernel_path, launched_kernels,
+                      skip_same_kernel)
 
 # The kernel paths the correctness tests run on: the default (on sm_90 the Hopper kernels, the backward in
 # lock-step below 1024 queries, in turns from there) and, on Hopper only, FA2 in both passes, the FA2
