@@ -1,5 +1,5 @@
 """Where an attention forward+backward spends its GPU time, kernel by kernel: ours vs SDPA flash vs
-SDPA cuDNN on one shape of the kernel sweep (bench/kernel_sweep.py: 16k tokens, d_model 2048, bf16).
+SDPA cuDNN (and FA4 with `--impls ... fa4` where flash_attn.cute imports) on one shape of the kernel sweep (bench/kernel_sweep.py: 16k tokens, d_model 2048, bf16).
 
 torch.profiler records `--iters` forward+backward calls after a warm-up; each kernel's device time
 is summed per name and divided by the number of calls (microseconds per call). The table shows
@@ -10,7 +10,7 @@ of one synchronised call (the sweep's --call-time; the difference is GPU idle ti
 before and between launches), and the host time of one call on a tiny
 shape (1 x 128 tokens x 1 head), where the GPU waits on the host.
 
-    python dev/kernel_breakdown.py --hdim 128 --seqlen 512 [--causal] [--iters 20]
+    python dev/kernel_breakdown.py --hdim 128 --seqlen 512 [--causal] [--iters 20] [--impls ours fa4]
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "bench")]  # our kernels package; the sweep and its timing
 
 from cuda_timing import kernel_us_per_call, time_ms  # noqa: E402
-from kernel_sweep import D_MODEL, TOKENS, impls  # noqa: E402
+from kernel_sweep import D_MODEL, TOKENS, impls, load_fa4  # noqa: E402
 
 
 def kernel_times(fn, q, k, v, dout, iters: int) -> dict[str, float]:
@@ -69,7 +69,12 @@ def main() -> None:
     q, k, v = (torch.randn(batch, args.seqlen, heads, args.hdim, device="cuda", dtype=torch.bfloat16,
                            requires_grad=True) for _ in range(3))
     dout = torch.randn_like(q)
-    fns = impls(args.causal)
+    fa4 = None
+    if "fa4" in args.impls:
+        fa4, what = load_fa4()
+        if fa4 is None:
+            raise SystemExit(f"--impls fa4: flash_attn.cute does not import ({what})")
+    fns = impls(args.causal, fa4=fa4)
     print(f"hdim {args.hdim} seqlen {args.seqlen} causal {int(args.causal)} batch×heads {batch}×{heads}: "
           f"us per forward+backward call, by kernel")
     for name in args.impls:

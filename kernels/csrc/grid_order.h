@@ -12,9 +12,12 @@
 // late and runs alone at the end (greedy-schedule model, 132 SMs, causal 8k, 16 heads: 11% over the
 // ideal at batch 1, 5.6% at batch 2). Launching G heads interleaved -- block 0 of heads 0..G-1, then
 // block 1 of each, ... -- comes within 0.1% of the ideal from G = 2, with the blocks in flight still
-// on ~G heads' tensors. Measured (H100): the Hopper kernels (one CTA per SM, the model's case) gain
-// up to 10% at batch 1, causal 8k, with G = 2; for the FA2 kernels (several CTAs per SM) it is mixed
-// (head dim 64 causal 1k backward -11%), so they keep G = 1. Each launch passes its G.
+// on ~G heads' tensors. With few blocks per head (short sequences, many heads) the model needs larger
+// groups: G = 2 ends ~7% over the ideal at 1k-2k tokens, G = 16 ~2%. Measured: the Hopper kernels (one
+// CTA per SM, the model's case) gain up to 10% at batch 1, causal 8k, with G = 2 (H100), and 0.5-4%
+// more at 512-4k with G = 16 under a causal mask (H200; hopper/dispatch.h head_group); for the FA2
+// kernels (several CTAs per SM) it is mixed (head dim 64 causal 1k backward -11%), so they keep
+// G = 1. Each launch passes its G.
 //
 // One grid shape covers both: grid (G, blocks, batch * heads / G), launch order x fastest, so
 // (batch * head) = z * G + x and block = y. Block-major is G = 1, head-major is G = batch * heads.

@@ -557,7 +557,7 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
         return false;
     maps.o_ok = make_tile_map(&maps.o, params.o_ptr, bf16, D, q_rows, params.h, batch, params.o_row_stride,
                               params.o_head_stride, params.o_batch_stride, 64);
-    const dim3 order = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM<NC>), /*group=*/2);
+    const dim3 order = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM<NC>), head_group(params));
     FwdTiles tiles{int(order.x), int(order.y), int(order.x * order.y * order.z), nullptr};
     int ctas = tiles.num_tiles;
     const bool local = has_window(params);
