@@ -1,5 +1,6 @@
 """Where an attention forward+backward spends its GPU time, kernel by kernel: ours vs SDPA flash vs
-SDPA cuDNN (and FA4 with `--impls ... fa4` where flash_attn.cute imports) on one shape of the kernel sweep (bench/kernel_sweep.py: 16k tokens, d_model 2048, bf16).
+SDPA cuDNN (and FA4 with `--impls ... fa4` where flash_attn.cute imports) on one shape of the kernel
+sweep (bench/kernel_sweep.py: 16k tokens, d_model 2048, bf16).
 
 torch.profiler records `--iters` forward+backward calls after a warm-up; each kernel's device time
 is summed per name and divided by the number of calls (microseconds per call). The table shows
