@@ -264,6 +264,7 @@ def bwd(sq, sk, wl, wr, causal, varlen, BM, BN, hopper):
         if not is_even:  # FA2: apply_window unless Is_even; Hopper: Is_local
             r.apply_window(wl, wr, causal, n_block, BM, BN)
         k0, k1 = n_block * BN, min(sk, n_block * BN + BN)
+        skipped = ([], [])  # per warpgroup, per visited query block: half_empty
         for m in range(r.m_min, r.m_max):
             if not 0 <= m < num_m:
                 raise Fail(f"query block {m} outside [0, {num_m}) at key block {n_block}")
@@ -276,13 +277,43 @@ def bwd(sq, sk, wl, wr, causal, varlen, BM, BN, hopper):
             if hopper and not need_mask and (m + 1) * BM > sq:
                 raise Fail(f"unmasked query block {m} runs past sq (key block {n_block})")
             q0, q1 = m * BM, min(sq, m * BM + BM)
-            if need_mask:
-                el = r.masked(causal, is_even, keys[:, k0:k1], rows[q0:q1])
-                seen[q0:q1, k0:k1] |= ~el
-            else:
-                seen[q0:q1, k0:k1] = True
+            # Hopper head dim 128: a consumer warpgroup (keys 64 cw ..) whose half is empty (half_empty)
+            # skips it; its pairs are then not let through.
+            halves = [(k0, k1)]
+            if hopper and BM == 64:
+                empty = [half_empty(r, sk, n_block, cw, m, BM, BN) for cw in (0, 1)]
+                if all(empty):
+                    raise Fail(f"both warpgroups skip query block {m} at key block {n_block}")
+                for cw in (0, 1):
+                    skipped[cw].append(empty[cw])
+                halves = [(max(k0, k0 + 64 * cw), min(k1, k0 + 64 * cw + 64)) for cw in (0, 1) if not empty[cw]]
+            for h0, h1 in halves:
+                if h0 >= h1:
+                    continue
+                if need_mask:
+                    el = r.masked(causal, is_even, keys[:, h0:h1], rows[q0:q1])
+                    seen[q0:q1, h0:h1] |= ~el
+                else:
+                    seen[q0:q1, h0:h1] = True
             orders[m].append((n_block, r.dq_order(False if hopper else is_even, m, n_block, BM, BN)))
+        if hopper and BM == 64:  # the skips skip no wait a later step needs (flash_bwd_sm90_ws.h)
+            s0, s1 = skipped
+            if any(s0) and (not s0[-1] or s0 != sorted(s0)):
+                raise Fail(f"key block {n_block}: the first warpgroup's skipped blocks are not a suffix: {s0}")
+            if any(s1) and not all(s1) and s1 != sorted(s1, reverse=True):
+                raise Fail(f"key block {n_block}: the second warpgroup's skipped blocks are not a prefix: {s1}")
     return seen, orders
+
+
+def half_empty(r, sk, n_block, cw, m, BM, BN):
+    """hopper/flash_bwd_sm90_ws.h half_empty: no key of warpgroup cw's 64 is visible to a query of
+    block m (the kernel's local form; its causal form, used by the lock-step loop, is this one with the
+    window unbounded on the left)."""
+    first_key, q0 = n_block * BN + 64 * cw, m * BM
+    q1 = q0 + BM - 1
+    if first_key >= sk:
+        return True
+    return first_key > r.win.last_key(q1, r.causal_off) or first_key + 63 < r.win.first_key(q0, r.causal_off)
 
 
 def check_orders(orders, hopper):

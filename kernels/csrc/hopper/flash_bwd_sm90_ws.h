@@ -345,6 +345,36 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         }
     };
 
+    // Head dim 128 (64-query blocks against 128 keys): whether none of this warpgroup's 64 keys is
+    // visible to a query of block m: all past the sequence's end, all after the window (causal: the
+    // diagonal) of the block's last query, or (local) all before the window of its first query. Its
+    // P^T and dS^T are then zero: the warpgroup skips S^T, dP^T, the exps, dV and dK and only stores
+    // a zero half of dS^T for the dQ product, on a path of its own beside the loop's body (a branch
+    // inside the body costs the unskipped blocks 1-3%). The masks slide with the query, so such
+    // blocks are a prefix for the second warpgroup (the diagonal: one block per key block) and, under
+    // a window, a suffix for the first (the window's far edge; at a window of 1k, 2 of every 17
+    // half-blocks). The skipping warpgroup reads nothing of the block's slot and does not wait for it
+    // (a later wait on the slot cannot see a stale phase: the other warpgroup waited for it before
+    // passing the turn or the barrier; after a suffix there is no later wait), but it still releases
+    // the slot (q_empty) and takes and passes its turn. Measured against no skip (H200, one process):
+    // windows of 256 / 1k / 4k +8-9% / +5% / +1-2%, causal lock-step (below 1024 queries) +2.4%;
+    // in the dense causal pingpong loop it lost 1-4% from 2k, so that loop has no skip path.
+    constexpr bool kSkipPingpong = D == 128 && Is_local;
+    constexpr bool kSkipLockstep = D == 128 && (Is_local || Is_causal);
+    auto half_empty = [&](int m) {
+        const int first_key = n_block * BN + 64 * cw, q0 = m * BM, q1 = q0 + BM - 1;
+        if constexpr (Is_local)
+            return first_key >= seq.sk || first_key > range.win.last_key(q1, range.causal_off) ||
+                   first_key + 63 < range.win.first_key(q0, range.causal_off);
+        else return first_key >= seq.sk || (Is_causal && first_key > q1 + range.causal_off);
+    };
+    auto zero_fragments = [](uint32_t (&a)[BM / 16][4]) {
+#pragma unroll
+        for (int j = 0; j < BM / 16; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) a[j][r] = 0u;
+    };
+
     mbar_wait(kv_full, 0);
     if constexpr (Pingpong) {
         // Both head dims: the two warpgroups take turns (pingpong) and each block's dQ product runs
@@ -366,6 +396,20 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             const uint32_t q_base = sQ + s * L::Q, do_base = sdO + s * L::Q;
             const float *sDs = sDsum + s * BM;
 
+            if constexpr (kSkipPingpong) {
+                if (half_empty(m)) {
+                    take_turn(it);
+                    pass_turn(m);
+                    uint32_t zero[BM / 16][4];
+                    zero_fragments(zero);
+                    mbar_wait(ds_empty + 8 * bd, ((it / 3) & 1) ^ 1);
+                    store_dst<false>(smem + L::dS + bd * L::DS, zero, key_row0, lane);
+                    fence_async_smem();
+                    mbar_arrive_if(ds_full + 8 * bd, true);
+                    finish_step(it, s);
+                    continue;
+                }
+            }
             float acc_s[BM / 2], acc_dp[BM / 2];
             take_turn(it);
             uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
@@ -391,6 +435,22 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         const float *sDs = sDsum + s * BM;
         uint8_t *sdS = smem + L::dS + s * L::DS;
 
+        if constexpr (kSkipLockstep) {
+            if (half_empty(m)) {  // a zero half of dS^T; dQ still takes the other warpgroup's half
+                uint32_t zero[BM / 16][4];
+                zero_fragments(zero);
+                store_dst<false>(sdS, zero, key_row0, lane);
+                fence_async_smem();
+                named_barrier_sync(1, 256);
+                float acc_dq[32];
+                wgmma_fence();
+                issue_dq<T>(acc_dq, smem_u32(sdS), k_cols);
+                wgmma_wait<0>();
+                stage_dq(acc_dq, it);
+                mbar_arrive_if(q_empty + 8 * s, true);
+                continue;
+            }
+        }
         float acc_s[BM / 2], acc_dp[BM / 2];
         uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
         block_fragments_and_dv(m, it, acc_s, acc_dp, sDs, do_base, a_p, a_ds, [] {});
