@@ -205,8 +205,8 @@ def launched_kernels(fn) -> list:
 
 
 def kernel_families(names) -> set:
-    """The KERNEL_FAMILIES keys among `names`, the Hopper backward split by its last template argument
-    (Pingpong): "hopper_bwd_lockstep" or "hopper_bwd_turns"."""
+    """The KERNEL_FAMILIES keys among `names`, the Hopper backward split by its Pingpong template
+    argument: "hopper_bwd_lockstep" or "hopper_bwd_turns"."""
     found = set()
     for n in names:
         for family, ident in KERNEL_FAMILIES.items():
@@ -217,8 +217,8 @@ def kernel_families(names) -> set:
 
 def _bwd_schedule(name: str) -> str:
     """'turns' or 'lockstep' from a Hopper backward kernel's name: its template arguments are
-    <T, D, Is_causal, Is_even, Pingpong[, Is_local]>; AssertionError naming the kernel when that cannot be
-    read."""
+    <T, D, Is_causal, Is_even, Pingpong[, Is_local[, Causal_skip]]>; AssertionError naming the kernel
+    when that cannot be read."""
     ident = KERNEL_FAMILIES["hopper_bwd"]
     rest = name[name.index(ident) + len(ident):]
     if rest.startswith("<"):  # demangled: split the top-level template arguments
@@ -236,7 +236,7 @@ def _bwd_schedule(name: str) -> str:
             else:
                 cur += ch
         args.append(cur.strip())
-        flag = args[4] if len(args) in (5, 6) else ""
+        flag = args[4] if len(args) in (5, 6, 7) else ""
         if flag in ("true", "1", "(bool)1"):
             return "turns"
         if flag in ("false", "0", "(bool)0"):

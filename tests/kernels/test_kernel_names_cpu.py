@@ -21,6 +21,14 @@ def test_demangled_windowed_hopper_backward_schedule(causal):
     assert kernel_families([local.format(c=causal, p="false")]) == {"hopper_bwd_lockstep"}
 
 
+@pytest.mark.parametrize("local, skip", [("false", "false"), ("false", "true"), ("true", "false")])
+def test_demangled_hopper_backward_schedule_all_arguments(local, skip):
+    """The profiler spells the defaulted Is_local and Causal_skip arguments out too: seven in all."""
+    full = BWD.replace("{p}>", "{p}, " + local + ", " + skip + ">")
+    assert kernel_families([full.format(c="true", p="true")]) == {"hopper_bwd_turns"}
+    assert kernel_families([full.format(c="true", p="false")]) == {"hopper_bwd_lockstep"}
+
+
 def test_mangled_hopper_backward_schedule():
     name = "_ZN5flash24flash_bwd_sm90_ws_kernelI13__nv_bfloat16Li64ELb1ELb0ELb{}EEEv16Flash_bwd_paramsNS_10BwdTmaMapsE"
     assert kernel_families([name.format(1)]) == {"hopper_bwd_turns"}
@@ -28,6 +36,9 @@ def test_mangled_hopper_backward_schedule():
     local = name.replace("Lb{}EEEv", "Lb{}ELb1EEEv")  # Is_local after Pingpong
     assert kernel_families([local.format(1)]) == {"hopper_bwd_turns"}
     assert kernel_families([local.format(0)]) == {"hopper_bwd_lockstep"}
+    skip = name.replace("Lb{}EEEv", "Lb{}ELb0ELb1EEEv")  # Is_local, Causal_skip after Pingpong
+    assert kernel_families([skip.format(1)]) == {"hopper_bwd_turns"}
+    assert kernel_families([skip.format(0)]) == {"hopper_bwd_lockstep"}
 
 
 def test_families_and_their_neighbours():

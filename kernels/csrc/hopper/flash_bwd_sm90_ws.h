@@ -80,7 +80,7 @@ struct BwsSmem {
 // of the consumers walks, so their slots and parities stay in step; an empty range runs no step and
 // stores zero dK / dV), and P^T is masked where a query block crosses a band edge. A separate
 // instantiation (ragged only), so the kernels of calls without a window keep their code.
-template <typename T, int D, bool Is_causal, bool Is_even, bool Pingpong, bool Is_local = false>
+template <typename T, int D, bool Is_causal, bool Is_even, bool Pingpong, bool Is_local = false, bool Causal_skip = false>
 __global__ void __launch_bounds__(kBwsThreads, 1)
     flash_bwd_sm90_ws_kernel(const __grid_constant__ Flash_bwd_params params, const __grid_constant__ BwdTmaMaps maps) {
 #ifdef FLASHGPT_WGMMA_ENABLED
@@ -357,9 +357,11 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     // (a later wait on the slot cannot see a stale phase: the other warpgroup waited for it before
     // passing the turn or the barrier; after a suffix there is no later wait), but it still releases
     // the slot (q_empty) and takes and passes its turn. Measured against no skip (H200, one process):
-    // windows of 256 / 1k / 4k +8-9% / +5% / +1-2%, causal lock-step (below 1024 queries) +2.4%;
-    // in the dense causal pingpong loop it lost 1-4% from 2k, so that loop has no skip path.
-    constexpr bool kSkipPingpong = D == 128 && Is_local;
+    // windows of 256 / 1k / 4k +8-9% / +5% / +1-2%, causal lock-step (below 1024 queries) +2.4%,
+    // causal in turns +1.3% / +0.7% at 1k / 2k keys, level at 4k, -0.5% / -0.9% at 8k / 16k (one
+    // skipped half per key block no longer pays for the path): from 4k the dispatch takes the kernel
+    // without it (Causal_skip, hopper/dispatch.h causal_skip_backward).
+    constexpr bool kSkipPingpong = D == 128 && (Is_local || Causal_skip);
     constexpr bool kSkipLockstep = D == 128 && (Is_local || Is_causal);
     auto half_empty = [&](int m) {
         const int first_key = n_block * BN + 64 * cw, q0 = m * BM, q1 = q0 + BM - 1;
@@ -541,7 +543,13 @@ bool run_flash_bwd_sm90_ws(Flash_bwd_params &params, cudaStream_t stream) {
         return true;
     }
     BOOL_SWITCH(is_even, Is_even, [&] {
-        if (pingpong) return launch(&flash_bwd_sm90_ws_kernel<T, D, Is_causal, Is_even, true>, BwsSmem<D, 1, 3>::bytes);
+        if (pingpong) {
+            if constexpr (Is_causal && D == 128) {
+                if (causal_skip_backward(params.seqlen_k))
+                    return launch(&flash_bwd_sm90_ws_kernel<T, D, true, Is_even, true, false, true>, BwsSmem<D, 1, 3>::bytes);
+            }
+            return launch(&flash_bwd_sm90_ws_kernel<T, D, Is_causal, Is_even, true>, BwsSmem<D, 1, 3>::bytes);
+        }
         launch(&flash_bwd_sm90_ws_kernel<T, D, Is_causal, Is_even, false>, BwsSmem<D>::bytes);
     });
     params.dq_accum_tiled = true;  // for the post-pass
