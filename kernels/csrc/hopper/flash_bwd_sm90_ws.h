@@ -80,6 +80,8 @@ struct BwsSmem {
 // of the consumers walks, so their slots and parities stay in step; an empty range runs no step and
 // stores zero dK / dV), and P^T is masked where a query block crosses a band edge. A separate
 // instantiation (ragged only), so the kernels of calls without a window keep their code.
+// Causal_skip (causal head dim 128 in turns, below 4096 keys): the turns loop skips a warpgroup's empty
+// half of the diagonal block (half_empty below); a separate instantiation for the same reason.
 template <typename T, int D, bool Is_causal, bool Is_even, bool Pingpong, bool Is_local = false, bool Causal_skip = false>
 __global__ void __launch_bounds__(kBwsThreads, 1)
     flash_bwd_sm90_ws_kernel(const __grid_constant__ Flash_bwd_params params, const __grid_constant__ BwdTmaMaps maps) {
