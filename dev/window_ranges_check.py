@@ -286,7 +286,7 @@ def bwd(sq, sk, wl, wr, causal, varlen, BM, BN, hopper):
                     raise Fail(f"both warpgroups skip query block {m} at key block {n_block}")
                 for cw in (0, 1):
                     skipped[cw].append(empty[cw])
-                halves = [(max(k0, k0 + 64 * cw), min(k1, k0 + 64 * cw + 64)) for cw in (0, 1) if not empty[cw]]
+                halves = [(k0 + 64 * cw, min(k1, k0 + 64 * cw + 64)) for cw in (0, 1) if not empty[cw]]
             for h0, h1 in halves:
                 if h0 >= h1:
                     continue

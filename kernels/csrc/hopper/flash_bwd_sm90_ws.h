@@ -359,10 +359,9 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     // (a later wait on the slot cannot see a stale phase: the other warpgroup waited for it before
     // passing the turn or the barrier; after a suffix there is no later wait), but it still releases
     // the slot (q_empty) and takes and passes its turn. Measured against no skip (H200, one process):
-    // windows of 256 / 1k / 4k +8-9% / +5% / +1-2%, causal lock-step (below 1024 queries) +2.4%,
-    // causal in turns +1.3% / +0.7% at 1k / 2k keys, level at 4k, -0.5% / -0.9% at 8k / 16k (one
-    // skipped half per key block no longer pays for the path): from 4k the dispatch takes the kernel
-    // without it (Causal_skip, hopper/dispatch.h causal_skip_backward).
+    // windows of 256 / 1k / 4k +8-9% / +5% / +1-2%, causal lock-step (below 1024 queries) +2.4%;
+    // causal in turns only below 4096 keys (Causal_skip; hopper/dispatch.h causal_skip_backward has
+    // the figures).
     constexpr bool kSkipPingpong = D == 128 && (Is_local || Causal_skip);
     constexpr bool kSkipLockstep = D == 128 && (Is_local || Is_causal);
     auto half_empty = [&](int m) {
