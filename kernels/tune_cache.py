@@ -43,7 +43,8 @@ def shape_classes() -> Iterator[Tuple[int, int, bool, int]]:
 def candidates(pass_: int, bucket: int) -> Tuple[Tuple[str, int], ...]:
     """(name, choice) of a class's candidates, in order of preference on a tie: the Hopper kernels
     first. The backward above 1k keys has the Hopper kernel's two schedules; at <= 1k keys the bucket
-    holds both sides of the built-in threshold (512 in lock-step, 1k in turns), so it keeps that."""
+    holds both sides of the built-in threshold (lock-step below 1k queries, or 512 at head dim 128
+    without a causal mask; turns from there), so it keeps that."""
     if pass_ == 1 and bucket > 0:
         return (("turns", 3), ("lockstep", 2), ("fa2", 0))
     return (("hopper", 1), ("fa2", 0))

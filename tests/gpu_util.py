@@ -118,8 +118,8 @@ TABLE_ENTRIES = tuple(itertools.product((0, 1), (64, 128), (False, True), range(
 
 # Named kernel paths: name -> {pass: choice} written into every entry of that pass (the others -1). On
 # Hopper "default" is the Hopper kernel at head dims 64 / 128 (FA2 where a tensor breaks a TMA rule or a
-# small packed batch's dQ tiles would not fit), the backward in lock-step below 1024 queries and in turns
-# from there; head dim 96 is always FA2.
+# small packed batch's dQ tiles would not fit), the backward in lock-step below 1024 queries (head dim 128
+# without a causal mask: 512) and in turns from there; head dim 96 is always FA2.
 KERNEL_PATHS = {"default": {}, "fa2": {0: 0, 1: 0}, "fa2_bwd": {1: 0}, "hopper": {0: 1, 1: 1},
                 "lockstep": {1: 2}, "turns": {1: 3}}
 BACKWARD_PATHS = ("default", "fa2", "fa2_bwd", "lockstep", "turns")

@@ -67,9 +67,10 @@ def _families(sq, d, causal, h=4):
     return kernel_families(launched_kernels(fwd_bwd))
 
 
-def _expected(name, sq):
-    """The kernel families path `name` launches at sq queries and keys (head dims 64 / 128)."""
-    default_bwd = "hopper_bwd_turns" if sq >= 1024 else "hopper_bwd_lockstep"
+def _expected(name, sq, d, causal):
+    """The kernel families path `name` launches at sq queries and keys (head dims 64 / 128): by default
+    the backward in turns from 1024 queries, at head dim 128 without a causal mask from 512."""
+    default_bwd = "hopper_bwd_turns" if sq >= (512 if d == 128 and not causal else 1024) else "hopper_bwd_lockstep"
     return {"default": {"hopper_fwd", default_bwd}, "hopper": {"hopper_fwd", default_bwd},
             "fa2": {"fa2_fwd", "fa2_bwd"}, "fa2_bwd": {"hopper_fwd", "fa2_bwd"},
             "lockstep": {"hopper_fwd", "hopper_bwd_lockstep"}, "turns": {"hopper_fwd", "hopper_bwd_turns"}}[name]
@@ -77,15 +78,16 @@ def _expected(name, sq):
 
 @hopper_only
 @pytest.mark.parametrize("name", ["default", "fa2", "fa2_bwd", "hopper", "lockstep", "turns"])
-@pytest.mark.parametrize("sq", [512, 2048])  # buckets 0 (<= 1k keys) and 1; below / above the 1024-query rule
-@pytest.mark.parametrize("d,causal", [(64, False), (128, True)])
+@pytest.mark.parametrize("sq", [384, 512, 2048])  # buckets 0 (<= 1k keys) and 1; around the turns' thresholds
+@pytest.mark.parametrize("d,causal", [(64, False), (128, True), (128, False)])
 def test_each_path_launches_its_kernels(name, sq, d, causal):
     """Each named path runs its kernels, seen by name in the profiler: the default the Hopper forward
-    and backward, the backward in lock-step at 512 queries and in turns at 2048; choice 0 the FA2
-    kernels; backward choice 2 the lock-step and 3 the turns kernel in both buckets."""
+    and backward, the backward in lock-step at 384 queries, at 512 too but at head dim 128 without a
+    causal mask, and in turns at 2048; choice 0 the FA2 kernels; backward choice 2 the lock-step and 3
+    the turns kernel in both buckets."""
     with run_path(name):
         found = _families(sq, d, causal)
-    assert found == _expected(name, sq), f"path {name}: launched {sorted(found)}"
+    assert found == _expected(name, sq, d, causal), f"path {name}: launched {sorted(found)}"
 
 
 @hopper_only

@@ -39,7 +39,7 @@ _seed = InputSeeds(1234)
 # Every check runs through the default dispatch (on Hopper the warp-specialised TMA kernels at head
 # dims 64 and 128, FA2 at 96), and on Hopper also through the FA2 kernels, the Hopper kernels forced over
 # any default, and the Hopper backward in lock-step and in turns at every size (by default in turns
-# from 1024 queries only). Paths: tests/gpu_util.py KERNEL_PATHS.
+# from 1024 queries, or 512 at head dim 128 without a causal mask). Paths: tests/gpu_util.py KERNEL_PATHS.
 kernel_path = backward_path_fixture(["default", "fa2", "hopper", "lockstep", "turns"])
 
 

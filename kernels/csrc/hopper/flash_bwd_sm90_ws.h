@@ -24,7 +24,7 @@
 // Ragged edges: TMA zero-fills rows past a tensor's end but, packed (varlen), reads the next
 // sequence's rows; P^T is therefore masked to 0 for keys >= sk and queries >= sq, which zeroes their
 // dS^T too (dQ/dK/dV rows past the sequence are never written).
-// From 1024 queries (hopper/dispatch.h pingpong_backward; head dims 128 and 64) the
+// From 1024 queries (head dim 128 without a causal mask: 512; hopper/dispatch.h pingpong_backward) the
 // consumers take turns (pingpong) and each block's dQ product runs one step late, so they never meet
 // at a barrier -- see the Pingpong loop; dS^T then rotates through three buffers (ds_full /
 // ds_empty mbarriers) and dQ is staged in one buffer.
