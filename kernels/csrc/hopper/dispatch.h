@@ -67,11 +67,11 @@ inline bool use(Pass pass, int head_dim, bool causal, int seqlen_k) {
 // The TMA backward's two consumer warpgroups take turns on the tensor pipe, each block's dQ product
 // one step late (flash_bwd_sm90_ws.h), from 1024 queries (max per sequence when packed), and at head
 // dim 128 without a causal mask from 512; below, the late dQ's ramp and the turns cost more than they
-// hide. Turns against lock-step, f+b (H200, one process): head dim 128 non-causal +2.0% at 512, +3.5%
-// at 768, +4.6% at 1k; head dim 128 causal -0.8% at 512-768; head dim 64 -2.1% / -0.8% non-causal,
-// -1% / level causal at 512 / 768. Otherwise the warpgroups walk in lock-step and meet before each dQ
-// product. The table's backward choice 2 (lock-step) or 3 (turns) overrides the threshold;
-// bench/tune_kernels.py times both above 1k keys.
+// hide. Turns against lock-step, f+b (H200, one process): head dim 128 non-causal -1.8% at 256, level
+// at 384, +2.0% at 512, +3.3% to +4.0% at 640-1k; at 512 / 768 head dim 128 causal -0.8% / -0.9%, head
+// dim 64 non-causal -1.8% / -1.0%, causal -1.0% / -1.1%. Otherwise the warpgroups walk in lock-step
+// and meet before each dQ product. The table's backward choice 2 (lock-step) or 3 (turns) overrides the
+// threshold; bench/tune_kernels.py times both above 1k keys.
 inline int pingpong_min_queries(int head_dim, bool causal) { return head_dim == 128 && !causal ? 512 : 1024; }
 
 inline bool pingpong_backward(int head_dim, bool causal, int seqlen_q, int seqlen_k) {
