@@ -229,6 +229,26 @@ def table(rows: list[dict], det: bool, variants: tuple[str, ...] = ()) -> str:
     return "\n".join(lines)
 
 
+def summary(rows: list[dict], target: float = 1.05) -> str:
+    """Per peer and pass, from the unrounded TFLOP/s: the range of ours / peer over the rows, how many rows
+    reach `target` (issue 46's bar against FA4), and each row where the peer leads (ratio < 1)."""
+    peers = ["flash", "cudnn"] + (["fa4"] if any("fa4_fwd" in r for r in rows) else [])
+    lines = []
+    for peer in peers:
+        for key, label in (("fwd", "fwd"), ("fwdbwd", "f+b")):
+            ratios = [(r["ours_" + key] / r[f"{peer}_{key}"], r) for r in rows
+                      if r.get(f"{peer}_{key}", float("nan")) > 0]  # NaN (a failed peer) compares False
+            if not ratios:
+                continue
+            behind = [f"{r['hdim']} {'causal' if r['causal'] else 'non-causal'} {r['seqlen']} ({x:.3f})"
+                      for x, r in ratios if x < 1.0]
+            xs = [x for x, _ in ratios]
+            lines.append(f"ours/{peer} {label}: {min(xs):.3f}-{max(xs):.3f}x, >= {target:.2f}x on "
+                         f"{sum(x >= target for x in xs)} of {len(xs)} rows; {peer} ahead on {len(behind)}"
+                         + (": " + ", ".join(behind) if behind else ""))
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hdims", type=int, nargs="+", default=[64, 128])
@@ -288,6 +308,7 @@ def main() -> None:
         timing += ", fixed order" if args.fixed_order else ", balanced order"
         print(f"\nTFLOP/s (fwd; f+b = fwd+bwd; {timing}), bf16, batch*seqlen = {args.tokens} tokens, d_model 2048\n")
         print(table(rows, args.det, variants))
+        print("\n" + summary(rows))
 
 
 if __name__ == "__main__":

@@ -50,3 +50,29 @@ def test_variant_sets_the_rows_class_and_puts_it_back(fake_ext):
 def test_default_and_other_head_dims_touch_nothing(fake_ext):
     with kernel_sweep.variant(None, 128, True, 2048), kernel_sweep.variant("fa2", 96, True, 2048):
         assert fake_ext.table == {}
+
+
+def _row(hdim, causal, seqlen, **tflops):
+    return {"hdim": hdim, "causal": causal, "seqlen": seqlen, **tflops}
+
+
+def test_summary_counts_from_unrounded_ratios():
+    """1.047 shows as 1.05 in the table but does not reach 1.05x; a failed peer (NaN) is left out."""
+    rows = [_row(128, False, 512, ours_fwd=401.0, ours_fwdbwd=300.0, flash_fwd=200.0, flash_fwdbwd=150.0,
+                 cudnn_fwd=380.0, cudnn_fwdbwd=310.0, fa4_fwd=383.0, fa4_fwdbwd=float("nan")),
+            _row(64, True, 16384, ours_fwd=606.0, ours_fwdbwd=500.0, flash_fwd=300.0, flash_fwdbwd=250.0,
+                 cudnn_fwd=500.0, cudnn_fwdbwd=400.0, fa4_fwd=576.0, fa4_fwdbwd=510.0)]
+    lines = kernel_sweep.summary(rows).splitlines()
+    assert lines[0] == "ours/flash fwd: 2.005-2.020x, >= 1.05x on 2 of 2 rows; flash ahead on 0"
+    assert lines[3] == ("ours/cudnn f+b: 0.968-1.250x, >= 1.05x on 1 of 2 rows; cudnn ahead on 1: "
+                        "128 non-causal 512 (0.968)")
+    assert lines[4] == "ours/fa4 fwd: 1.047-1.052x, >= 1.05x on 1 of 2 rows; fa4 ahead on 0"
+    assert lines[5] == "ours/fa4 f+b: 0.980-0.980x, >= 1.05x on 0 of 1 rows; fa4 ahead on 1: 64 causal 16384 (0.980)"
+    assert len(lines) == 6
+
+
+def test_summary_without_fa4_has_no_fa4_lines():
+    rows = [_row(128, True, 1024, ours_fwd=1.0, ours_fwdbwd=1.0, flash_fwd=1.0, flash_fwdbwd=1.0,
+                 cudnn_fwd=2.0, cudnn_fwdbwd=1.0)]
+    assert [line.split(":")[0] for line in kernel_sweep.summary(rows).splitlines()] == [
+        "ours/flash fwd", "ours/flash f+b", "ours/cudnn fwd", "ours/cudnn f+b"]
