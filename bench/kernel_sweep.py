@@ -11,6 +11,8 @@ step); --call-time: the time of a synchronised eager call, host launch time incl
 TFLOP/s: FLOPs = 4*batch*heads*seqlen^2*hdim (halved if causal); fwd+bwd = 3.5 x fwd.
 Error column: max |ours - fp32 reference| of the forward output on batch 0, heads 0-1
 (the full fp32 reference at 16k would need tens of GB); likewise for SDPA flash and FA4.
+Last, per peer and pass (summary): the range of ours / peer, the rows at >= 1.05x and the rows the peer
+leads, from the unrounded figures (the table rounds ratios to two places).
 
     python bench/kernel_sweep.py [--reps 30] [--hdims 64 128] [--seqlens 512 1024 ...] [--json out.json]
                                  [--compare-fa2] [--compare-fa2bwd] [--compare-bwdlockstep]
