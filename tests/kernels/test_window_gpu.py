@@ -29,8 +29,9 @@ from gpu_util import (InputSeeds, backward_path_fixture, built_and_poisoned,  # 
                       skip_same_kernel)
 
 # The kernel paths the correctness tests run on: the default (on sm_90 the Hopper kernels, the backward in
-# lock-step below 1024 queries, or 512 at head dim 128 without a causal mask, in turns from there) and, on Hopper only, FA2 in both passes, the FA2
-# backward after the Hopper forward (its out / LSE), and the Hopper backward in turns at every length.
+# lock-step below 1024 queries, or 512 at head dim 128 without a causal mask, in turns from there) and, on
+# Hopper only, FA2 in both passes, the FA2 backward after the Hopper forward (its out / LSE), and the Hopper
+# backward in turns at every length.
 path = backward_path_fixture(("default", "fa2", "fa2_bwd", "turns"))
 
 DTYPES = [torch.bfloat16, torch.float16]
