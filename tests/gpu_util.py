@@ -215,34 +215,68 @@ def kernel_families(names) -> set:
     return found
 
 
+def _template_args(name: str, ident: str) -> list[str] | None:
+    """The top-level template arguments of kernel `ident` in a demangled name; None if it is mangled."""
+    rest = name[name.index(ident) + len(ident):]
+    if not rest.startswith("<"):
+        return None
+    depth, args, cur = 0, [], ""
+    for ch in rest[1:]:
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            if depth == 0:
+                break
+            depth -= 1
+        if ch == "," and depth == 0:
+            args.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    args.append(cur.strip())
+    return args
+
+
+def _mangled_bools(name: str, ident: str) -> list[str]:
+    """The bool template arguments ("0" / "1", in order) of kernel `ident` in a mangled (Itanium) name."""
+    return re.findall(r"Lb([01])E", name[name.index(ident) + len(ident):])
+
+
+_TRUE, _FALSE = ("true", "1", "(bool)1"), ("false", "0", "(bool)0")
+
+
 def _bwd_schedule(name: str) -> str:
     """'turns' or 'lockstep' from a Hopper backward kernel's name: its template arguments are
     <T, D, Is_causal, Is_even, Pingpong[, Is_local[, Causal_skip]]>; AssertionError naming the kernel
     when that cannot be read."""
     ident = KERNEL_FAMILIES["hopper_bwd"]
-    rest = name[name.index(ident) + len(ident):]
-    if rest.startswith("<"):  # demangled: split the top-level template arguments
-        depth, args, cur = 0, [], ""
-        for ch in rest[1:]:
-            if ch == "<":
-                depth += 1
-            elif ch == ">":
-                if depth == 0:
-                    break
-                depth -= 1
-            if ch == "," and depth == 0:
-                args.append(cur.strip())
-                cur = ""
-            else:
-                cur += ch
-        args.append(cur.strip())
+    args = _template_args(name, ident)
+    if args is not None:
         flag = args[4] if len(args) in (5, 6, 7) else ""
-        if flag in ("true", "1", "(bool)1"):
+        if flag in _TRUE:
             return "turns"
-        if flag in ("false", "0", "(bool)0"):
+        if flag in _FALSE:
             return "lockstep"
-    else:  # mangled (Itanium): the bools are Lb0E / Lb1E, Pingpong the third
-        bools = re.findall(r"Lb([01])E", rest)
+    else:  # mangled: the bools are Lb0E / Lb1E, Pingpong the third
+        bools = _mangled_bools(name, ident)
         if len(bools) >= 3:
             return "turns" if bools[2] == "1" else "lockstep"
     raise AssertionError(f"cannot read the backward schedule from the kernel name {name!r}")
+
+
+def forward_key_tile(name: str) -> int:
+    """Keys per K/V tile of a Hopper forward kernel, from its name: its template arguments are
+    <T, D, NC, Is_causal, Is_even, Short_first, Strided, Is_local, Wide>, Wide meaning 160 keys, else
+    128; AssertionError naming the kernel when that cannot be read."""
+    ident = KERNEL_FAMILIES["hopper_fwd"]
+    args = _template_args(name, ident)
+    if args is not None:  # a defaulted Wide (false) may be left out of a demangled name
+        wide = args[8] if len(args) == 9 else "false" if len(args) >= 5 else ""
+    else:  # mangled: every argument is there, Wide the sixth bool
+        bools = _mangled_bools(name, ident)
+        wide = bools[5] if len(bools) == 6 else ""
+    if wide in _TRUE:
+        return 160
+    if wide in _FALSE:
+        return 128
+    raise AssertionError(f"cannot read the key tile from the kernel name {name!r}")

@@ -15,8 +15,8 @@ if not torch.cuda.is_available():
 
 import kernels  # noqa: E402
 from kernels import flash_attn_func, flash_attn_varlen_func  # noqa: E402
-from gpu_util import (TABLE_ENTRIES, InputSeeds, ext, kernel_families, kernel_path as run_path,  # noqa: E402
-                      launched_kernels, poison_uninitialised_memory, reset_dispatch)
+from gpu_util import (TABLE_ENTRIES, InputSeeds, ext, forward_key_tile, kernel_families,  # noqa: E402
+                      kernel_path as run_path, launched_kernels, poison_uninitialised_memory, reset_dispatch)
 
 _seed = InputSeeds(4321)
 
@@ -88,6 +88,18 @@ def test_each_path_launches_its_kernels(name, sq, d, causal):
     with run_path(name):
         found = _families(sq, d, causal)
     assert found == _expected(name, sq, d, causal), f"path {name}: launched {sorted(found)}"
+
+
+@hopper_only
+@pytest.mark.parametrize("sk,keys", [(1024, 128), (2047, 128), (2048, 160), (3001, 160)])
+def test_strided_forward_key_tiles(sk, keys):
+    """The head-dim-128 forward without a causal mask (the strided kernel) runs 160-key tiles from 2048
+    keys, 128 below (csrc/hopper/dispatch.h wide_key_tiles)."""
+    torch.manual_seed(next(_seed))
+    q = torch.randn(2, 300, 4, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, sk, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    names = [n for n in launched_kernels(lambda: flash_attn_func(q, k, v)) if "flash_fwd_sm90_ws_kernel" in n]
+    assert len(names) == 1 and forward_key_tile(names[0]) == keys, names
 
 
 @hopper_only

@@ -2,7 +2,7 @@
 Hopper backward's schedule apart by them): demangled and mangled spellings, FA2's 1-D and 2-D backward."""
 import pytest
 
-from gpu_util import KERNEL_PATHS, TABLE_ENTRIES, kernel_families
+from gpu_util import KERNEL_PATHS, TABLE_ENTRIES, forward_key_tile, kernel_families
 
 BWD = "void flash_bwd_sm90_ws_kernel<__nv_bfloat16, 128, {c}, false, {p}>(Flash_bwd_params, flash::BwdTmaMaps)"
 
@@ -53,6 +53,26 @@ def test_families_and_their_neighbours():
              "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int, ...)"]
     assert kernel_families(names) == {"fa2_fwd", "fa2_bwd", "hopper_fwd"}
     assert kernel_families(names[1:2]) == {"fa2_bwd"}
+
+
+FWD = "void flash::sm90::flash_fwd_sm90_ws_kernel<__nv_bfloat16, 128, 2, false, {e}, false, true, false{w}>(" \
+      "Flash_fwd_params, flash::sm90::FwdTmaMaps, flash::sm90::FwdTiles)"
+
+
+@pytest.mark.parametrize("even", ["true", "false"])
+def test_demangled_forward_key_tile(even):
+    assert forward_key_tile(FWD.format(e=even, w=", true")) == 160
+    assert forward_key_tile(FWD.format(e=even, w=", false")) == 128
+    assert forward_key_tile(FWD.format(e=even, w="")) == 128  # the defaulted Wide left out
+
+
+def test_mangled_forward_key_tile():
+    name = ("_ZN5flash4sm9024flash_fwd_sm90_ws_kernelI13__nv_bfloat16Li128ELi2ELb0ELb1ELb0ELb1ELb0ELb{}EEEv16"
+            "Flash_fwd_paramsNS0_10FwdTmaMapsENS0_8FwdTilesE")
+    assert forward_key_tile(name.format(1)) == 160
+    assert forward_key_tile(name.format(0)) == 128
+    with pytest.raises(AssertionError, match="cannot read the key tile"):
+        forward_key_tile(name.replace("ELb{}EEEv", "EEEv"))
 
 
 def test_an_unreadable_schedule_fails_loudly():

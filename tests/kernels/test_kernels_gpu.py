@@ -107,6 +107,16 @@ def test_dense_8k(causal):
     run_dense(1, 2, 2, 8192, 8192, 128, torch.bfloat16, causal)
 
 
+# The strided Hopper forward's 160-key tiles (head dim 128, no causal mask, from 2048 keys;
+# csrc/hopper/dispatch.h wide_key_tiles): keys a multiple of 160 (no tile masked), a last tile of one
+# key with fewer queries than keys and GQA, and more queries than keys.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 2, 2, 2080, 2080), (2, 2, 1, 300, 2241), (1, 3, 3, 4001, 4000)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_wide_key_tiles(shape, dtype):
+    run_dense(*shape, 128, dtype, False)
+
+
 @pytest.mark.parametrize("d", [32, 80, 112])
 def test_padded_head_dims(d):
     run_dense(2, 2, 2, 77, 77, d, torch.bfloat16, True, scale=0.2)

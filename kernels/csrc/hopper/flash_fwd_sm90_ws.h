@@ -24,8 +24,8 @@
 // the current tile, and each consumer warpgroup stages its O rows in the current Q buffer for the
 // TMA store, freeing the buffer (q_empty) once the store has read it. No CTA start-up, barrier setup
 // or epilogue stands between two tiles of an SM.
-// Shared memory (128B-swizzled, wgmma.h): 2 x Q 64 NC x D, kStages x (K, V) 128 x D, the barriers,
-// the two tiles, decoded by the producer.
+// Shared memory (128B-swizzled, wgmma.h): 2 x Q 64 NC x D, kStages x (K, V) BN x D (BN = 128 keys,
+// 160 in the strided kernel's wide tiles), the barriers, the two tiles, decoded by the producer.
 #pragma once
 #include <algorithm>
 #include <type_traits>
@@ -43,7 +43,7 @@ namespace sm90 {
 
 
 struct FwdTmaMaps {
-    CUtensorMap q, k, v;  // make_tile_map(): {d, rows, heads, batch}, boxes of 64 columns x 128 rows
+    CUtensorMap q, k, v;  // make_tile_map(): {d, rows, heads, batch}, boxes of 64 columns x 128 (k, v: BN) rows
     CUtensorMap o;        // boxes of 64 columns x 64 rows (one consumer warpgroup's rows)
     bool o_ok;            // o's map was made (else the epilogue stores O directly)
 };
@@ -120,48 +120,52 @@ __device__ __forceinline__ KeyRange local_key_range(const Flash_fwd_params &p, i
 template <int NC> constexpr int kWsThreads = 128 * (1 + NC);
 template <int NC> constexpr int kWsBM = 64 * NC;  // query rows per tile
 constexpr int kWsBN = 128;                        // keys per K/V tile
+constexpr int kWsBNWide = 160;                    // the strided kernel's wide tiles (wide_key_tiles)
 // setmaxnreg moves registers within the CTA's pool as allocated at launch (threads x the launch bound's
 // per-thread count), not the SM's 64K: 128 x 24 + 256 x 240 = 384 x 168; 128 x 24 + 384 x 160 <= 512 x 128.
 constexpr int kWsProducerRegs = 24;
 template <int NC> constexpr int kWsConsumerRegs = NC == 3 ? 160 : 240;
 constexpr int kWsQBufs = 2;                                  // Q of the next tile loads during this one
 template <int D> constexpr int kWsStages = D == 64 ? 4 : 2;    // 2 x 64 KB of K/V at D = 128
-template <int D> constexpr int kWsTileBytes = 128 * D * 2;     // a K or V tile
+template <int D, int BN = kWsBN> constexpr int kWsTileBytes = BN * D * 2;     // a K or V tile
 template <int D, int NC> constexpr int kWsQTileBytes = kWsBM<NC> * D * 2;
-template <int D, int NC>
-constexpr int kWsBarrierOffset = kWsQBufs * kWsQTileBytes<D, NC> + 2 * kWsStages<D> * kWsTileBytes<D>;
+template <int D, int NC, int BN = kWsBN>
+constexpr int kWsBarrierOffset = kWsQBufs * kWsQTileBytes<D, NC> + 2 * kWsStages<D> * kWsTileBytes<D, BN>;
 // barriers: q_full[2], q_empty[2], k_full[S], v_full[S], k_empty[S], v_empty[S]; then the tiles of the
 // two Q buffers, decoded (4 ints each: m_block, b, h, key tiles)
-template <int D, int NC>
-constexpr int kWsSmemBytes = kWsBarrierOffset<D, NC> + (2 * kWsQBufs + 4 * kWsStages<D>) * 8 + kWsQBufs * 16;
+template <int D, int NC, int BN = kWsBN>
+constexpr int kWsSmemBytes = kWsBarrierOffset<D, NC, BN> + (2 * kWsQBufs + 4 * kWsStages<D>) * 8 + kWsQBufs * 16;
 
 // Is_local: a local window (flash.h) -- each block loads and runs only the key tiles its band reaches
 // (local_key_range), and the softmax masks the tiles across the band's edges (FwdRowState::mask_window).
 // A separate instantiation, so the kernels of calls without a window keep their code.
+// Wide: 160-key K/V tiles (kWsBNWide), in the strided kernel only (dispatch.h wide_key_tiles).
 template <typename T, int D, int NC, bool Is_causal, bool Is_even, bool Short_first = false,
-          bool Strided = false, bool Is_local = false>
+          bool Strided = false, bool Is_local = false, bool Wide = false>
 __global__ void __launch_bounds__(kWsThreads<NC>, 1)
     flash_fwd_sm90_ws_kernel(const __grid_constant__ Flash_fwd_params params, const __grid_constant__ FwdTmaMaps maps,
                              const FwdTiles tiles) {
 #ifdef FLASHGPT_WGMMA_ENABLED
-    constexpr int BM = kWsBM<NC>, BN = kWsBN, S = kWsStages<D>;
+    constexpr int BM = kWsBM<NC>, BN = Wide ? kWsBNWide : kWsBN, S = kWsStages<D>;
     constexpr bool kShortFirst = Short_first;  // block layout: block_rows
     static_assert(!Short_first || (NC == 3 && Is_causal), "the short-first layout is for 192-row causal blocks");
     static_assert(!Strided || (D == 128 && !Is_causal), "the strided schedule is for equal tiles (FwdTiles)");
+    static_assert(!Wide || Strided, "wide key tiles in the strided kernel only");
+    static_assert(kWsSmemBytes<D, NC, BN> <= 227 * 1024, "shared memory per block");
     static_assert(!Is_local || (!Short_first && !Strided && !Is_even),
                   "a local window runs the ragged layout with blocks at multiples of BM and the list schedule");
-    constexpr int kTile = kWsTileBytes<D>, kQTile = kWsQTileBytes<D, NC>;
+    constexpr int kTile = kWsTileBytes<D, BN>, kQTile = kWsQTileBytes<D, NC>;
     constexpr int kAtomCols = D / 64;  // TMA boxes per tile (64 columns each)
     extern __shared__ __align__(1024) uint8_t smem[];
     const uint32_t sQ = smem_u32(smem), sK = sQ + kWsQBufs * kQTile, sV = sK + S * kTile;
-    const uint32_t bar = sQ + kWsBarrierOffset<D, NC>;
+    const uint32_t bar = sQ + kWsBarrierOffset<D, NC, BN>;
     const uint32_t q_full = bar, q_empty = bar + 8 * kWsQBufs, k_full = q_empty + 8 * kWsQBufs,
                    v_full = k_full + 8 * S, k_empty = v_full + 8 * S, v_empty = k_empty + 8 * S;
     // Per Q buffer, the tile it holds, decoded by the producer: m_block (-1: no more tiles), b, h,
     // and its key tiles (-1: a block past a packed sequence's end). Decoding in the consumers would put
     // ~8 integer divisions, a dependent chain of ~1200 clocks, between two tiles while the other
     // warpgroup waits at the same boundary (measured with an SM-clock timeline per tile).
-    volatile int *tile_info = reinterpret_cast<volatile int *>(smem + kWsBarrierOffset<D, NC> + (2 * kWsQBufs + 4 * S) * 8);
+    volatile int *tile_info = reinterpret_cast<volatile int *>(smem + kWsBarrierOffset<D, NC, BN> + (2 * kWsQBufs + 4 * S) * 8);
 
     // wg and warp through a shuffle: provably warp-uniform, so what derives from them (shared-memory
     // addresses, wgmma descriptors) stays in uniform registers.
@@ -384,10 +388,10 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
             }
         }
         const uint32_t q_base = sQ + qb * kQTile + cw * 64 * 128;
-        FwdRowState<T, D> st;
+        FwdRowState<T, D, BN> st;
         st.init();
-        float acc_s[64];
-        uint32_t p[8][4];  // P_{it-1} as A fragments
+        float acc_s[BN / 2];
+        uint32_t p[BN / 16][4];  // P_{it-1} as A fragments
 
         auto mask = [&](int it) {
             if constexpr (Is_local) {  // the window's mask (causal folded in, keys past sk), then no other
@@ -436,15 +440,15 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
         for (int it = 0; it < it0; ++it) pass_tile(it);
         mbar_wait(k_full + 8 * slot(it0), full_parity(it0));
         take_turn();
-        if (half0) {
+        if (BN == 128 && half0) {
             wgmma_fence();
-            issue_qk<T, D, 64>(acc_s, q_base, sK + slot(it0) * kTile);
+            if constexpr (BN == 128) issue_qk<T, D, 64>(acc_s, q_base, sK + slot(it0) * kTile);
             pass_turn();
             free_staged_q();
             wgmma_wait<0>();
         } else {
             wgmma_fence();
-            issue_qk<T, D>(acc_s, q_base, sK + slot(it0) * kTile);
+            issue_qk<T, D, BN, BN>(acc_s, q_base, sK + slot(it0) * kTile);
             pass_turn();
             free_staged_q();  // the previous tile's O store has long been read; its Q buffer can refill
             wgmma_wait<0>();
@@ -458,8 +462,8 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
             mbar_wait(v_full + 8 * sp, full_parity(it - 1));
             take_turn();
             wgmma_fence();
-            issue_qk<T, D>(acc_s, q_base, sK + s * kTile);
-            issue_pv<T, D>(st.acc_o, p, sV + sp * kTile);
+            issue_qk<T, D, BN, BN>(acc_s, q_base, sK + s * kTile);
+            issue_pv<T, D, BN, BN>(st.acc_o, p, sV + sp * kTile);
             pass_turn();
             wgmma_wait<1>();  // S_it has landed: K slot s is free; PV_{it-1} still runs during the softmax
             if constexpr (Is_causal && !Is_local && D == 128) {
@@ -491,14 +495,14 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
         const int sl = slot(n_tiles - 1);
         mbar_wait(v_full + 8 * sl, full_parity(n_tiles - 1));
         take_turn();
-        if (half0 && it0 == n_tiles - 1) {  // the diagonal tile was this warpgroup's only one
+        if (BN == 128 && half0 && it0 == n_tiles - 1) {  // the diagonal tile was this warpgroup's only one
             wgmma_fence();
-            issue_pv<T, D, 64>(st.acc_o, p, sV + sl * kTile);
+            if constexpr (BN == 128) issue_pv<T, D, 64>(st.acc_o, p, sV + sl * kTile);
             pass_turn();
             wgmma_wait<0>();
         } else {
             wgmma_fence();
-            issue_pv<T, D>(st.acc_o, p, sV + sl * kTile);
+            issue_pv<T, D, BN, BN>(st.acc_o, p, sV + sl * kTile);
             pass_turn();
             wgmma_wait<0>();
         }
@@ -548,22 +552,24 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
     const int64_t batch = varlen ? 1 : params.b;
     const int64_t q_rows = varlen ? params.total_q : params.seqlen_q, k_rows = varlen ? params.total_k : params.seqlen_k;
     FwdTmaMaps maps;
+    const bool local = has_window(params);
+    const bool strided = !local && strided_forward(D, Is_causal, varlen);
+    const bool wide = strided && wide_key_tiles(params.seqlen_k);
+    const int bn = wide ? kWsBNWide : kWsBN;
     if (!make_tile_map(&maps.q, params.q_ptr, bf16, D, q_rows, params.h, batch, params.q_row_stride,
                        params.q_head_stride, params.q_batch_stride, kWsBM<NC>) ||
         !make_tile_map(&maps.k, params.k_ptr, bf16, D, k_rows, params.h_k, batch, params.k_row_stride,
-                       params.k_head_stride, params.k_batch_stride, kWsBN) ||
+                       params.k_head_stride, params.k_batch_stride, bn) ||
         !make_tile_map(&maps.v, params.v_ptr, bf16, D, k_rows, params.h_k, batch, params.v_row_stride,
-                       params.v_head_stride, params.v_batch_stride, kWsBN))
+                       params.v_head_stride, params.v_batch_stride, bn))
         return false;
     maps.o_ok = make_tile_map(&maps.o, params.o_ptr, bf16, D, q_rows, params.h, batch, params.o_row_stride,
                               params.o_head_stride, params.o_batch_stride, 64);
     const dim3 order = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM<NC>), head_group(params));
     FwdTiles tiles{int(order.x), int(order.y), int(order.x * order.y * order.z), nullptr};
     int ctas = tiles.num_tiles;
-    const bool local = has_window(params);
     // A windowed call's blocks are unequal: no strided schedule (FwdTiles); the list schedule where the
     // binding gave a tile counter (fwd_needs_tile_counter), else one CTA per tile.
-    const bool strided = !local && strided_forward(D, Is_causal, varlen);
     if (strided) {
         ctas = std::min(ctas, sm_count());
     } else if (params.tile_counter != nullptr) {  // one CTA per SM walks the list
@@ -572,7 +578,7 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
     }
     // Is_even: no key tile runs past the keys (only the softmax's key mask reads it; rows past seqlen_q
     // are zero-filled by the TMA and never stored, so seqlen_q need not be a multiple of BM).
-    const bool is_even = !varlen && params.seqlen_k % kWsBN == 0;
+    const bool is_even = !varlen && params.seqlen_k % bn == 0;
     if (local) {  // one instantiation: ragged, blocks at multiples of BM (Is_local's static_assert)
         auto kernel = &flash_fwd_sm90_ws_kernel<T, D, NC, Is_causal, false, false, false, true>;
         FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -582,29 +588,34 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
         return true;
     }
     BOOL_SWITCH(is_even, Is_even, [&] {
-        auto launch = [&](auto short_first, auto strided_tag) {
+        auto launch = [&](auto short_first, auto strided_tag, auto wide_tag) {
+            constexpr bool kWide = decltype(wide_tag)::value;
             auto kernel = &flash_fwd_sm90_ws_kernel<T, D, NC, Is_causal, Is_even, decltype(short_first)::value,
-                                                    decltype(strided_tag)::value>;
-            FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                  kWsSmemBytes<D, NC>));
-            kernel<<<ctas, kWsThreads<NC>, kWsSmemBytes<D, NC>, stream>>>(params, maps, tiles);
+                                                    decltype(strided_tag)::value, false, kWide>;
+            constexpr int smem = kWsSmemBytes<D, NC, kWide ? kWsBNWide : kWsBN>;
+            FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            kernel<<<ctas, kWsThreads<NC>, smem, stream>>>(params, maps, tiles);
             FLASH_KERNEL_LAUNCH_CHECK();
         };
         // The short-first block layout (block_rows) where every sequence has at most
         // kShortFirstMaxRows rows (varlen: seqlen_q is the longest); otherwise blocks at multiples of BM.
         if constexpr (NC == 3 && Is_causal) {
             if (params.seqlen_q <= kShortFirstMaxRows) {
-                launch(std::true_type{}, std::false_type{});
+                launch(std::true_type{}, std::false_type{}, std::false_type{});
                 return;
             }
         }
         if constexpr (D == 128 && !Is_causal) {
             if (strided) {
-                launch(std::false_type{}, std::true_type{});
+                if (wide) {
+                    launch(std::false_type{}, std::true_type{}, std::true_type{});
+                } else {
+                    launch(std::false_type{}, std::true_type{}, std::false_type{});
+                }
                 return;
             }
         }
-        launch(std::false_type{}, std::false_type{});
+        launch(std::false_type{}, std::false_type{}, std::false_type{});
     });
     return true;
 }

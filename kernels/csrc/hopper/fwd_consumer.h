@@ -14,21 +14,25 @@
 namespace flash {
 namespace sm90 {
 
-// S (64 x 128) = Q K^T: SS wgmma, both K-major; q_base: this warpgroup's 64 rows of the swizzled Q
-// tile (R = 128 rows per atom column), k_base: the swizzled 128 x D K tile. Commits one group.
+// S (64 x BN) = Q K^T: SS wgmma, both K-major; q_base: this warpgroup's 64 rows of the swizzled Q
+// tile (R = 128 rows per atom column), k_base: the swizzled BN x D K tile (BN = 128, or 160 in the
+// strided kernel's wide tiles). Commits one group.
 // kKeys = 64: only the tile's first 64 keys, for a causal diagonal tile whose second half no
 // row of the warpgroup sees. The m64nNk16 accumulator keeps columns 8j + 2t + {0, 1} in s[4j .. 4j + 3],
 // so columns 0..63 are s[0..31] at N = 64 as at N = 128; s[32..63] keep stale values, which the
 // causal mask then sets to -inf (every one of those keys lies past every row's diagonal).
-template <typename T, int D, int kKeys = 128>
-__device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_base, uint32_t k_base) {
-    static_assert(kKeys == 128 || kKeys == 64, "a full K tile or its first half");
+template <typename T, int D, int kKeys = 128, int BN = 128>
+__device__ __forceinline__ void issue_qk(float (&s)[BN / 2], uint32_t q_base, uint32_t k_base) {
+    static_assert(kKeys == BN || (BN == 128 && kKeys == 64), "a full K tile, or the first half of a 128-key one");
     // One descriptor per operand, stepped by offsets; the bases opaque so they are not hoisted.
     const uint64_t dq = smem_desc_u18(opaque(q_base), 16, 1024), dk = smem_desc_u18(opaque(k_base), 16, 1024);
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
         const uint32_t off = (ks / 4) * 128 * 128 + (ks % 4) * 32;  // atom column, 32 B per k16
-        if constexpr (kKeys == 128) {
+        if constexpr (BN == 160) {
+            const uint32_t offk = (ks / 4) * BN * 128 + (ks % 4) * 32;  // K's atom columns are BN rows
+            wgmma_m64n160k16_ss<T>(s, desc_at(dq, off), desc_at(dk, offk), ks > 0);
+        } else if constexpr (kKeys == 128) {
             wgmma_m64n128k16_ss<T, 0, 0>(s, desc_at(dq, off), desc_at(dk, off), ks > 0);
         } else {
             wgmma_m64n64k16_ss<T, 0, 0>(*reinterpret_cast<float(*)[32]>(&s[0]), desc_at(dq, off), desc_at(dk, off),
@@ -38,21 +42,22 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_base, uint32
     wgmma_commit();
 }
 
-// O (64 x D) += P V: P from registers (8 k-steps of 16 keys), V (128 keys x D) MN-major (tnspB = 1).
+// O (64 x D) += P V: P from registers (BN / 16 k-steps of 16 keys), V (BN keys x D) MN-major (tnspB = 1).
 // kKeys = 64: the first 4 k-steps only (P is exactly 0 on the other 64 keys: see issue_qk).
 // Commits one group.
-template <typename T, int D, int kKeys = 128>
-__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[8][4], uint32_t v_base) {
-    static_assert(kKeys == 128 || kKeys == 64, "a full V tile or its first half");
-    const uint64_t dv = smem_desc_u18(opaque(v_base), 128 * 128, 1024);
+template <typename T, int D, int kKeys = 128, int BN = 128>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[BN / 16][4], uint32_t v_base) {
+    static_assert(kKeys == BN || (BN == 128 && kKeys == 64), "a full V tile, or the first half of a 128-key one");
+    const uint64_t dv = smem_desc_u18(opaque(v_base), BN * 128, 1024);
 #pragma unroll
     for (int kc = 0; kc < kKeys / 16; ++kc) wgmma_rs_n<T, D, 1>(o, p[kc], desc_at(dv, kc * 16 * 128), true);
     wgmma_commit();
 }
 
-template <typename T, int D>
+template <typename T, int D, int kBN = 128>
 struct FwdRowState {
-    static constexpr int BN = 128;  // keys per S tile
+    static constexpr int BN = kBN;     // keys per S tile: 128, or 160 (issue_qk)
+    static constexpr int NJ = BN / 8;  // 8-column groups of a row's S held by each thread
     float acc_o[D / 2];             // O (64 x D per warpgroup), un-normalised
     float row_max[2], row_sum[2];   // rows g, g + 8 (raw scores; row_sum per thread, quad-reduced at the end)
     float corr[2];                  // exp2 of (old max - new max) * scale_log2, applied to O by rescale
@@ -73,7 +78,7 @@ struct FwdRowState {
     // S into un-normalised P in place, one row after the other. qrow0: the first query row (in the
     // sequence) of this warp.
     template <bool Is_causal, bool Is_even>
-    __device__ __forceinline__ void softmax(float (&s)[64], int n_block, int qrow0, int sk, int causal_off,
+    __device__ __forceinline__ void softmax(float (&s)[BN / 2], int n_block, int qrow0, int sk, int causal_off,
                                             float scale_log2, int g, int t) {
         mask<Is_causal, Is_even>(s, n_block, qrow0, sk, causal_off, g, t);
 #pragma unroll
@@ -84,13 +89,13 @@ struct FwdRowState {
     }
 
     template <bool Is_causal, bool Is_even>
-    __device__ __forceinline__ void mask(float (&s)[64], int n_block, int qrow0, int sk, int causal_off, int g,
+    __device__ __forceinline__ void mask(float (&s)[BN / 2], int n_block, int qrow0, int sk, int causal_off, int g,
                                          int t) {
         const bool need_mask = (!Is_even && (n_block + 1) * BN > sk) ||
                                (Is_causal && (n_block + 1) * BN - 1 > qrow0 + causal_off);
         if (need_mask) {
 #pragma unroll
-            for (int j = 0; j < 16; ++j)
+            for (int j = 0; j < NJ; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int key = n_block * BN + j * 8 + 2 * t + (e & 1);
@@ -101,10 +106,10 @@ struct FwdRowState {
     }
 
     // Row hr's new maximum (row_max, max_scaled) and O's correction factor corr[hr].
-    __device__ __forceinline__ void update_max(const float (&s)[64], int hr, float scale_log2) {
+    __device__ __forceinline__ void update_max(const float (&s)[BN / 2], int hr, float scale_log2) {
         float mx = row_max[hr];
 #pragma unroll
-        for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
+        for (int j = 0; j < NJ; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
         mx = quad_max(mx);
         max_scaled[hr] = (mx == -INFINITY) ? 0.f : mx * scale_log2;
         corr[hr] = exp2f(row_max[hr] * scale_log2 - max_scaled[hr]);
@@ -112,10 +117,10 @@ struct FwdRowState {
     }
 
     // Row hr of S -> exp2(S * scale_log2 - max * scale_log2) in place, and its row sum.
-    __device__ __forceinline__ void exponentiate(float (&s)[64], int hr, float scale_log2) {
+    __device__ __forceinline__ void exponentiate(float (&s)[BN / 2], int hr, float scale_log2) {
         float sum = 0.f;
 #pragma unroll
-        for (int j = 0; j < 16; ++j)
+        for (int j = 0; j < NJ; ++j)
 #pragma unroll
             for (int e = 2 * hr; e < 2 * hr + 2; ++e) {
                 const float pe = exp2f(s[4 * j + e] * scale_log2 - max_scaled[hr]);
@@ -131,7 +136,7 @@ struct FwdRowState {
     // softmax that follows then runs unmasked (softmax<false, true>). qrow0: the warp's first row in the
     // sequence; causal_off = sk - sq.
     template <bool Is_causal>
-    __device__ __forceinline__ void mask_window(float (&s)[64], int n_block, int qrow0, int sk, int causal_off,
+    __device__ __forceinline__ void mask_window(float (&s)[BN / 2], int n_block, int qrow0, int sk, int causal_off,
                                                 const Flash_fwd_params &p, int g, int t) const {
         Window win(p);
         if (Is_causal) win.right = min(win.right, 0);
@@ -140,7 +145,7 @@ struct FwdRowState {
                             key_end - 1 <= win.last_key(qrow0, causal_off);
         if (!inside) {
 #pragma unroll
-            for (int j = 0; j < 16; ++j)
+            for (int j = 0; j < NJ; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int key = key0 + j * 8 + 2 * t + (e & 1);
@@ -151,8 +156,8 @@ struct FwdRowState {
     }
 
     // Once the previous PV product has landed: O *= corr; P (in s) -> the A fragments of the next
-    // PV product (8 k-steps of 16 keys).
-    __device__ __forceinline__ void rescale_o_and_pack_p(const float (&s)[64], uint32_t (&p)[8][4]) {
+    // PV product (BN / 16 k-steps of 16 keys).
+    __device__ __forceinline__ void rescale_o_and_pack_p(const float (&s)[BN / 2], uint32_t (&p)[BN / 16][4]) {
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
             acc_o[4 * j + 0] *= corr[0];
@@ -161,7 +166,7 @@ struct FwdRowState {
             acc_o[4 * j + 3] *= corr[1];
         }
 #pragma unroll
-        for (int kc = 0; kc < 8; ++kc) {
+        for (int kc = 0; kc < BN / 16; ++kc) {
             p[kc][0] = pack2<T>(s[8 * kc + 0], s[8 * kc + 1]);
             p[kc][1] = pack2<T>(s[8 * kc + 2], s[8 * kc + 3]);
             p[kc][2] = pack2<T>(s[8 * kc + 4], s[8 * kc + 5]);
