@@ -111,6 +111,8 @@ def _setup_context(ctx, inputs, output):
     ctx.args = (max_q, max_k, scale, causal, deterministic, window_left, window_right)
     ctx.n_inputs = len(inputs)
     ctx.mark_non_differentiable(lse)
+    # No zero gradient is made for the LSE (a fill kernel per call); a missing dout arrives as None.
+    ctx.set_materialize_grads(False)
 
 
 def _ext_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, deterministic,
@@ -227,6 +229,8 @@ def _setup_packed(ctx, inputs, output):
     ctx.args = (n_kv_heads, scale, causal, deterministic, window_left, window_right)
     ctx.n_inputs = len(inputs)
     ctx.mark_non_differentiable(lse)
+    # No zero gradient is made for the LSE (a fill kernel per call); a missing dout arrives as None.
+    ctx.set_materialize_grads(False)
 
 
 def _backward_packed_with(bwd, ctx, dout):
