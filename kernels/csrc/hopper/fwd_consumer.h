@@ -1,6 +1,6 @@
-// What a warpgroup of the Hopper forward kernel (flash_fwd_sm90_ws.h) does per
-// key tile: the two products on wgmma, and per warp the masking of one 64 x 128 S tile, the online softmax, O's rescale, P's conversion to wgmma A
-// fragments, and the epilogue. Register layout: the m64nNk16 accumulator of wgmma.h -- this thread
+// What a warpgroup of the Hopper forward kernel (flash_fwd_sm90_ws.h) does per key tile: the two
+// products on wgmma, and per warp the masking of one 64 x BN S tile (BN = 128 or 160 keys), the online
+// softmax, O's rescale, P's conversion to wgmma A fragments, and the epilogue. Register layout: the m64nNk16 accumulator of wgmma.h -- this thread
 // holds rows g and g + 8 of its warp's 16 rows (hr = 0, 1), columns 8j + 2t + {0, 1}.
 // Conventions are those of the FA2 forward: exp2 with log2(e) folded into the scale, un-normalised
 // O divided once at the end, LSE = max * scale + log(sum) in natural log, +inf for a row with no key.
@@ -23,6 +23,7 @@ namespace sm90 {
 // causal mask then sets to -inf (every one of those keys lies past every row's diagonal).
 template <typename T, int D, int kKeys = 128, int BN = 128>
 __device__ __forceinline__ void issue_qk(float (&s)[BN / 2], uint32_t q_base, uint32_t k_base) {
+    static_assert(BN == 128 || BN == 160, "128- or 160-key tiles");
     static_assert(kKeys == BN || (BN == 128 && kKeys == 64), "a full K tile, or the first half of a 128-key one");
     // One descriptor per operand, stepped by offsets; the bases opaque so they are not hoisted.
     const uint64_t dq = smem_desc_u18(opaque(q_base), 16, 1024), dk = smem_desc_u18(opaque(k_base), 16, 1024);
@@ -56,12 +57,12 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[
 
 template <typename T, int D, int kBN = 128>
 struct FwdRowState {
-    static constexpr int BN = kBN;     // keys per S tile: 128, or 160 (issue_qk)
-    static constexpr int NJ = BN / 8;  // 8-column groups of a row's S held by each thread
-    float acc_o[D / 2];             // O (64 x D per warpgroup), un-normalised
-    float row_max[2], row_sum[2];   // rows g, g + 8 (raw scores; row_sum per thread, quad-reduced at the end)
-    float corr[2];                  // exp2 of (old max - new max) * scale_log2, applied to O by rescale
-    float max_scaled[2];            // the current maxima times scale_log2 (0 for a row with none)
+    static constexpr int BN = kBN;      // keys per S tile: 128, or 160 (issue_qk)
+    static constexpr int NJ = BN / 8;   // 8-column groups of a row's S held by each thread
+    float acc_o[D / 2];                 // O (64 x D per warpgroup), un-normalised
+    float row_max[2], row_sum[2];       // rows g, g + 8 (raw scores; row_sum per thread, quad-reduced at the end)
+    float corr[2];                      // exp2 of (old max - new max) * scale_log2, applied to O by rescale
+    float max_scaled[2];                // the current maxima times scale_log2 (0 for a row with none)
 
     __device__ __forceinline__ void init() {
 #pragma unroll
