@@ -121,6 +121,7 @@ template <int NC> constexpr int kWsThreads = 128 * (1 + NC);
 template <int NC> constexpr int kWsBM = 64 * NC;  // query rows per tile
 constexpr int kWsBN = 128;                        // keys per K/V tile
 constexpr int kWsBNWide = 160;                    // the strided kernel's wide tiles (wide_key_tiles)
+constexpr int ws_keys(bool wide) { return wide ? kWsBNWide : kWsBN; }
 // setmaxnreg moves registers within the CTA's pool as allocated at launch (threads x the launch bound's
 // per-thread count), not the SM's 64K: 128 x 24 + 256 x 240 = 384 x 168; 128 x 24 + 384 x 160 <= 512 x 128.
 constexpr int kWsProducerRegs = 24;
@@ -146,7 +147,7 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
     flash_fwd_sm90_ws_kernel(const __grid_constant__ Flash_fwd_params params, const __grid_constant__ FwdTmaMaps maps,
                              const FwdTiles tiles) {
 #ifdef FLASHGPT_WGMMA_ENABLED
-    constexpr int BM = kWsBM<NC>, BN = Wide ? kWsBNWide : kWsBN, S = kWsStages<D>;
+    constexpr int BM = kWsBM<NC>, BN = ws_keys(Wide), S = kWsStages<D>;
     constexpr bool kShortFirst = Short_first;  // block layout: block_rows
     static_assert(!Short_first || (NC == 3 && Is_causal), "the short-first layout is for 192-row causal blocks");
     static_assert(!Strided || (D == 128 && !Is_causal), "the strided schedule is for equal tiles (FwdTiles)");
@@ -555,7 +556,7 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
     const bool local = has_window(params);
     const bool strided = !local && strided_forward(D, Is_causal, varlen);
     const bool wide = strided && wide_key_tiles(params.seqlen_k);
-    const int bn = wide ? kWsBNWide : kWsBN;
+    const int bn = ws_keys(wide);
     if (!make_tile_map(&maps.q, params.q_ptr, bf16, D, q_rows, params.h, batch, params.q_row_stride,
                        params.q_head_stride, params.q_batch_stride, kWsBM<NC>) ||
         !make_tile_map(&maps.k, params.k_ptr, bf16, D, k_rows, params.h_k, batch, params.k_row_stride,
@@ -592,7 +593,7 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
             constexpr bool kWide = decltype(wide_tag)::value;
             auto kernel = &flash_fwd_sm90_ws_kernel<T, D, NC, Is_causal, Is_even, decltype(short_first)::value,
                                                     decltype(strided_tag)::value, false, kWide>;
-            constexpr int smem = kWsSmemBytes<D, NC, kWide ? kWsBNWide : kWsBN>;
+            constexpr int smem = kWsSmemBytes<D, NC, ws_keys(kWide)>;
             FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
             kernel<<<ctas, kWsThreads<NC>, smem, stream>>>(params, maps, tiles);
             FLASH_KERNEL_LAUNCH_CHECK();
