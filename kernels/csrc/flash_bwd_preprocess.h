@@ -9,6 +9,7 @@
 #pragma once
 #include "flash.h"
 #include "flash_fwd_kernel.h"  // SeqInfo
+#include "grid_dependency.h"
 #include "hopper/dq_tiles.h"
 #include "utils.h"
 
@@ -30,6 +31,7 @@ __global__ void __launch_bounds__(kPreThreads)
 flash_bwd_preprocess_kernel(const Flash_bwd_params params, int64_t dq_accum_n4) {
     constexpr int kRowsPerPass = kPreThreads / kRowThreads, kPasses = kPreRowsPerBlock / kRowsPerPass;
     static_assert(kRowThreads <= 16 && kPasses * kRowsPerPass == kPreRowsPerBlock, "rows per block");
+    allow_dependents();  // the Hopper main kernel (grid_dependency.h) may start its loads of K, V, Q, dO
     const int64_t n_blocks = int64_t(gridDim.x) * gridDim.y * gridDim.z;
     const int64_t block = (int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
     const int64_t slice = (dq_accum_n4 + n_blocks - 1) / n_blocks;

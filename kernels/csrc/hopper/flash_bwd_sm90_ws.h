@@ -36,6 +36,7 @@
 #include <type_traits>
 #include "../flash.h"
 #include "../flash_bwd_common.h"  // BwdBlockPtrs, BwdRange
+#include "../grid_dependency.h"
 #include "../static_switch.h"
 #include "../utils.h"
 #include "bwd_consumer.h"
@@ -105,8 +106,13 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0),
               warp = __shfl_sync(0xffffffffu, (tid % 128) / 32, 0), lane = tid % 32;
 
+    // Launched as a dependent of the pre-pass (grid_dependency.h): K, V, Q, dO and the LSE are older than
+    // it; D and the zeroed dq_accum wait for it, in warps 1 and 2.
     const SeqInfo seq(params, b);
-    if (n_block * BN >= seq.sk) return;
+    if (n_block * BN >= seq.sk) {
+        wait_prior_grid();  // every block waits once: this kernel ends after the pre-pass
+        return;
+    }
     static_assert(!Is_local || !Is_even, "a local window runs the ragged kernel");
     const BwdRange range = [&] {
         BwdRange r = BwdRange::make<Is_causal>(seq, n_block, BM, BN);
@@ -159,6 +165,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
                 }
             }
         } else if (warp == 1) {  // LSE and D of each query block (zero past the sequence)
+            wait_prior_grid();  // D
             for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
                 const int s = it & 1;
                 mbar_wait(q_empty + 8 * s, ((it >> 1) & 1) ^ 1);
@@ -172,6 +179,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             }
         } else if (warp == 2) {  // dQ: shared memory -> dq_accum, bulk fp32 reduce-add
             float *dq_tile = params.dq_accum_ptr + dq_tiles::tile_offset(params, b, h, seq.q_start);
+            wait_prior_grid();  // dq_accum zeroed
             for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
                 const int st = it % DQS;  // staging buffer
                 mbar_wait(dq_full + 8 * st, (it / DQS) & 1);
@@ -534,8 +542,7 @@ bool run_flash_bwd_sm90_ws(Flash_bwd_params &params, cudaStream_t stream) {
     const bool pingpong = pingpong_backward(D, params.is_causal, params.seqlen_q, params.seqlen_k);
     auto launch = [&](auto kernel, int smem) {
         FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        kernel<<<grid, kBwsThreads, smem, stream>>>(params, maps);
-        FLASH_KERNEL_LAUNCH_CHECK();
+        flash::launch_dependent(kernel, grid, kBwsThreads, smem, stream, params, maps);  // after the pre-pass
     };
     if (has_window(params)) {  // the Is_local instantiations: ragged, either schedule
         if (pingpong) launch(&flash_bwd_sm90_ws_kernel<T, D, Is_causal, false, true, true>, BwsSmem<D, 1, 3>::bytes);

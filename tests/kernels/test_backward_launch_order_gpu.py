@@ -1,0 +1,89 @@
+"""GPU checks: the Hopper backward's main kernel, launched as a programmatic dependent of the pre-pass
+(csrc/grid_dependency.h), reads D and adds into dQ's accumulator only after the pre-pass has written them.
+
+Both buffers come from at::empty inside the binding; here every uninitialised float tensor is filled
+with NaN first (gpu_util.poison_uninitialised_memory), so a read of D before the pre-pass wrote it, or a
+reduce-add into dQ's accumulator before it was zeroed, leaves NaN in the gradients. Shapes with many
+pre-pass blocks per main-kernel block (short sequences, many heads: the main kernel's blocks start
+while the pre-pass's last blocks still run), packed batches whose short documents leave key blocks with
+no keys (those blocks end at once), GQA; both schedules (lock-step and turns), fp16 and bf16, head dims
+64 and 128, causal or not. dK and dV must be bit-identical to a call without the poison (each is one
+block's sum, in a fixed order), dQ within a few units of it (its reduce-adds come in any order).
+
+The race itself is narrow: the main kernel's blocks start in grid order, so the first of them read the
+D rows the pre-pass's first blocks wrote. A build without the waits passed these cases too (H200, 48
+cases x 4 calls), so what this guards is the dependent-launch path's results with poisoned buffers
+(empty key blocks, GQA, both schedules); the order itself rests on the rule in grid_dependency.h.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from gpu_util import (backward_path_fixture, cu_seqlens, fresh_factory, is_hopper,  # noqa: E402
+                      poison_uninitialised_memory, require_extension)
+from kernels import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+
+REPEATS = 4
+fresh = fresh_factory(5100)
+path = backward_path_fixture(["lockstep", "turns"])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ext():
+    require_extension()
+    if not is_hopper():
+        pytest.skip("the dependent launch is the Hopper backward's")
+
+
+def _grads(run, inputs, dout):
+    out = run()
+    return torch.autograd.grad(out, inputs, dout)
+
+
+def _check_poisoned_like_clean(run, inputs, dout):
+    clean = _grads(run, inputs, dout)
+    assert all(torch.isfinite(g).all() for g in clean)
+    for _ in range(REPEATS):
+        with poison_uninitialised_memory():
+            dq, dk, dv = _grads(run, inputs, dout)
+        for name, got in (("dq", dq), ("dk", dk), ("dv", dv)):
+            bad = int((~torch.isfinite(got)).sum())
+            assert bad == 0, f"{name}: {bad} non-finite values (read before the pre-pass wrote)"
+        assert torch.equal(dk, clean[1]) and torch.equal(dv, clean[2]), "dK / dV differ from the clean call"
+        err = (dq.float() - clean[0].float()).abs().max().item()
+        tol = 8 * torch.finfo(dq.dtype).eps * max(1.0, clean[0].abs().max().item())
+        assert err <= tol, f"dq differs from the clean call by {err:.3e} > {tol:.1e}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("b, s, h, h_k", [(48, 256, 24, 24), (6, 1531, 16, 4)])
+def test_dense(path, dtype, d, causal, b, s, h, h_k):
+    q = fresh(b, s, h, d, dtype=dtype).requires_grad_()
+    k = fresh(b, s, h_k, d, dtype=dtype).requires_grad_()
+    v = fresh(b, s, h_k, d, dtype=dtype).requires_grad_()
+    dout = fresh(b, s, h, d, dtype=dtype)
+    _check_poisoned_like_clean(lambda: flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_with_empty_key_blocks(path, dtype, d, causal):
+    lengths = [1100, 37, 2048, 5, 700]  # key blocks past 37 or 5 keys hold no key of their document
+    cu, total, longest = cu_seqlens(lengths), sum(lengths), max(lengths)
+    q = fresh(total, 8, d, dtype=dtype).requires_grad_()
+    k = fresh(total, 8, d, dtype=dtype).requires_grad_()
+    v = fresh(total, 8, d, dtype=dtype).requires_grad_()
+    dout = fresh(total, 8, d, dtype=dtype)
+
+    def run():
+        return flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal)
+
+    _check_poisoned_like_clean(run, (q, k, v), dout)
