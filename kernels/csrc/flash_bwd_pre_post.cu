@@ -17,7 +17,8 @@ template <typename T>
 void run_bwd_convert_dq(Flash_bwd_params &params, cudaStream_t stream) {
     if (params.dq_accum_tiled) {  // one CTA per tile
         const dim3 grid(flash::dq_tiles::cdiv_rows(params.seqlen_q, params.d), params.h, params.b);
-        flash::flash_bwd_convert_dq_tiles_kernel<T><<<grid, flash::kConvertTileThreads, 0, stream>>>(params);
+        if (params.d == 128) flash::flash_bwd_convert_dq_tiles_kernel<T, 128><<<grid, flash::kConvertTileThreads, 0, stream>>>(params);
+        else flash::flash_bwd_convert_dq_tiles_kernel<T, 64><<<grid, flash::kConvertTileThreads, 0, stream>>>(params);
         FLASH_KERNEL_LAUNCH_CHECK();
         return;
     }

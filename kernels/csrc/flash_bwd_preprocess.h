@@ -3,9 +3,9 @@
 //              elements), laid out like LSE; and dq_accum zeroed (each block a contiguous slice of the
 //              flat buffer: no separate memset kernel, and rows outside every varlen sequence are zeroed
 //              too).
-//   post-pass: dQ = dq_accum * softmax_scale, fp32 -> bf16/fp16, 4 elements per thread; dQ's rows may
-//              sit further apart than dq_accum's (a view of a packed dqkv gradient). dq_accum is
-//              row-major, or tiled (hopper/dq_tiles.h: one thread block per tile).
+//   post-pass: dQ = dq_accum * softmax_scale, fp32 -> bf16/fp16; dQ's rows may sit further apart than
+//              dq_accum's (a view of a packed dqkv gradient). dq_accum is row-major (4 elements per
+//              step), or tiled (hopper/dq_tiles.h: one thread block per tile, 8 elements per store).
 #pragma once
 #include "flash.h"
 #include "flash_fwd_kernel.h"  // SeqInfo
@@ -95,31 +95,48 @@ __global__ void flash_bwd_convert_dq_kernel(const float *__restrict__ dq_accum, 
     }
 }
 
-// Tiled accumulator: block (m, h, b) converts tile (b, h, m) -- 8192 / d queries x d -- reading it in
-// order (16-byte loads, coalesced) and writing each 4-column chunk to its row of dQ (8-byte stores).
+// Tiled accumulator: block (m, h, b) converts tile (b, h, m) -- 8192 / D queries x D -- reading it in
+// order (16-byte loads, coalesced; the whole tile, rows past the sequence too: every tile is allocated)
+// and writing each 8-column run to its row of dQ (16-byte stores). D a template argument: the tile
+// arithmetic divides by constants.
 constexpr int kConvertTileThreads = 256;
-template <typename T>
+template <typename T, int D>
 __global__ void __launch_bounds__(kConvertTileThreads) flash_bwd_convert_dq_tiles_kernel(const Flash_bwd_params params) {
-    const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = params.d, tr = dq_tiles::tile_rows(d);
+    constexpr int tr = dq_tiles::kFloats / D;
+    const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const SeqInfo seq(params, b);
     const int rows = seq.sq - m * tr;  // rows of this tile inside the sequence
     if (rows <= 0) return;
     const float4 *tile = reinterpret_cast<const float4 *>(
-        params.dq_accum_ptr + dq_tiles::tile_offset(params, b, h, seq.q_start) + int64_t(m) * dq_tiles::kFloats);
-    // dQ at (query m * tr of this sequence, head h); rows of h * d elements, dq_out_row_stride apart
+        params.dq_accum_ptr + dq_tiles::tile_offset(params, D, b, h, seq.q_start) + int64_t(m) * dq_tiles::kFloats);
+    // dQ at (query m * tr of this sequence, head h); rows of h * D elements, dq_out_row_stride apart
     T *dq0 = reinterpret_cast<T *>(params.dq_ptr) +
              (params.cu_seqlens_q ? int64_t(seq.q_start) : int64_t(b) * params.seqlen_q) * params.dq_out_row_stride +
-             int64_t(m) * tr * params.dq_out_row_stride + int64_t(h) * d;
-#pragma unroll 4
-    for (int i = threadIdx.x; i < dq_tiles::kFloats / 4; i += kConvertTileThreads) {
+             int64_t(m) * tr * params.dq_out_row_stride + int64_t(h) * D;
+    // float4s 2p and 2p + 1 of a tile are chunks c and c + 1 (c even) of one row (chunk_slot XORs with
+    // an even number): 8 consecutive columns, one 16-byte store (dQ rows are 16-byte aligned). All of
+    // a thread's loads are issued before its first store.
+    constexpr int kPerThread = dq_tiles::kFloats / 8 / kConvertTileThreads;
+    const float s = params.scale_softmax;
+    float4 u[kPerThread], v[kPerThread];
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+        const int p = threadIdx.x + j * kConvertTileThreads;
+        u[j] = tile[2 * p];
+        v[j] = tile[2 * p + 1];
+    }
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+        const int p = threadIdx.x + j * kConvertTileThreads;
         int r, col;
-        dq_tiles::chunk_position(i, d, r, col);
+        dq_tiles::chunk_position(2 * p, D, r, col);
         if (r >= rows) continue;
-        const float4 v = tile[i];
-        uint2 out;
-        out.x = pack2<T>(v.x * params.scale_softmax, v.y * params.scale_softmax);
-        out.y = pack2<T>(v.z * params.scale_softmax, v.w * params.scale_softmax);
-        *reinterpret_cast<uint2 *>(dq0 + int64_t(r) * params.dq_out_row_stride + col) = out;
+        // one 16-byte store instruction (ptxas otherwise splits it where the packed halves land in
+        // registers that do not form an aligned quad)
+        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dq0 + int64_t(r) * params.dq_out_row_stride + col),
+                     "r"(pack2<T>(u[j].x * s, u[j].y * s)), "r"(pack2<T>(u[j].z * s, u[j].w * s)),
+                     "r"(pack2<T>(v[j].x * s, v[j].y * s)), "r"(pack2<T>(v[j].z * s, v[j].w * s))
+                     : "memory");
     }
 }
 

@@ -37,22 +37,24 @@ __host__ __device__ inline bool supported(int d) { return d == 64 || d == 128; }
 __host__ __device__ inline int tile_rows(int d) { return kFloats / d; }
 __host__ __device__ inline int cdiv_rows(int64_t n, int d) { return int((n + tile_rows(d) - 1) / tile_rows(d)); }
 
+// d: the head dim (p.d), an argument of its own so that kernels templated on it divide by a constant.
+
 // Tiles per head (the accumulator holds h * tiles_per_head * kFloats floats).
-__host__ __device__ inline int64_t tiles_per_head(const Flash_bwd_params &p) {
-    return p.cu_seqlens_q != nullptr ? int64_t(cdiv_rows(p.total_q, p.d)) + p.b + 1
-                                     : int64_t(p.b) * cdiv_rows(p.seqlen_q, p.d);
+__host__ __device__ inline int64_t tiles_per_head(const Flash_bwd_params &p, int d) {
+    return p.cu_seqlens_q != nullptr ? int64_t(cdiv_rows(p.total_q, d)) + p.b + 1
+                                     : int64_t(p.b) * cdiv_rows(p.seqlen_q, d);
 }
 
 // Floats the tiled accumulator needs.
 __host__ __device__ inline int64_t floats_needed(const Flash_bwd_params &p) {
-    return int64_t(p.h) * tiles_per_head(p) * kFloats;
+    return int64_t(p.h) * tiles_per_head(p, p.d) * kFloats;
 }
 
 // Float offset of tile (b, h, 0); q_start: the sequence's first row (packed), else unused.
-__host__ __device__ inline int64_t tile_offset(const Flash_bwd_params &p, int b, int h, int q_start) {
-    const int64_t first = p.cu_seqlens_q != nullptr ? int64_t(q_start / tile_rows(p.d)) + b
-                                                    : int64_t(b) * cdiv_rows(p.seqlen_q, p.d);
-    return (int64_t(h) * tiles_per_head(p) + first) * kFloats;
+__host__ __device__ inline int64_t tile_offset(const Flash_bwd_params &p, int d, int b, int h, int q_start) {
+    const int64_t first = p.cu_seqlens_q != nullptr ? int64_t(q_start / tile_rows(d)) + b
+                                                    : int64_t(b) * cdiv_rows(p.seqlen_q, d);
+    return (int64_t(h) * tiles_per_head(p, d) + first) * kFloats;
 }
 
 // Position of chunk c (0 .. 15: floats 4c .. 4c + 3) in row r of a sub-tile (rows of 256 bytes, so

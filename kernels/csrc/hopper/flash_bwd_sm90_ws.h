@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
                 mbar_arrive_if(q_full + 8 * s, true);
             }
         } else if (warp == 2) {  // dQ: shared memory -> dq_accum, bulk fp32 reduce-add
-            float *dq_tile = params.dq_accum_ptr + dq_tiles::tile_offset(params, b, h, seq.q_start);
+            float *dq_tile = params.dq_accum_ptr + dq_tiles::tile_offset(params, params.d, b, h, seq.q_start);
             wait_prior_grid();  // dq_accum zeroed
             for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
                 const int st = it % DQS;  // staging buffer

@@ -7,7 +7,9 @@
 //   3. the consumers' staging stores (bwd_consumer.h store_acc_subtile: thread (warp, g = lane / 4,
 //      t = lane % 4) writes floats (row warp * 16 + g + 8 hr, columns 8j + 2t, + 1) with one 8-byte
 //      store per (hr, j)) are free of bank conflicts: shared memory serves an 8-byte store half a warp
-//      at a time, and each half-warp's 16 stores must cover the 32 banks once.
+//      at a time, and each half-warp's 16 stores must cover the 32 banks once;
+//   4. float4 slots 2p and 2p + 1 of a tile are columns c .. c + 7 of one row, c a multiple of 8 (the
+//      post-pass converts them with one 16-byte store).
 // Prints "ok" and exits 0, or names the first failure and exits 1.
 #include <cstdio>
 #include <cstdlib>
@@ -52,6 +54,12 @@ int main() {
             if (!seen.insert({r, c}).second) return fail("cell written twice", r, c);
         }
         if (int(seen.size()) != dq_tiles::kFloats / 4) return fail("cells missed", d, long(seen.size()));
+        for (int p = 0; p < dq_tiles::kFloats / 8; ++p) {
+            int r0, c0, r1, c1;
+            dq_tiles::chunk_position(2 * p, d, r0, c0);
+            dq_tiles::chunk_position(2 * p + 1, d, r1, c1);
+            if (r1 != r0 || c1 != c0 + 4 || c0 % 8 != 0) return fail("slot pair not 8 aligned columns of a row", d, p);
+        }
     }
     std::mt19937 rng(1234);
     for (int trial = 0; trial < 2000; ++trial) {
@@ -72,11 +80,11 @@ int main() {
         p.cu_seqlens_q = packed ? cu.data() : nullptr;  // only compared with nullptr on the host
         p.seqlen_q = max_len;
         p.total_q = packed ? cu[p.b] : p.b * max_len;
-        const int64_t per_head = dq_tiles::tiles_per_head(p);
+        const int64_t per_head = dq_tiles::tiles_per_head(p, p.d);
         std::vector<int> owner(size_t(p.h * per_head), -1);
         for (int h = 0; h < p.h; ++h)
             for (int b = 0; b < p.b; ++b) {
-                const int64_t first = dq_tiles::tile_offset(p, b, h, packed ? cu[b] : 0) / dq_tiles::kFloats;
+                const int64_t first = dq_tiles::tile_offset(p, p.d, b, h, packed ? cu[b] : 0) / dq_tiles::kFloats;
                 for (int m = 0; m < dq_tiles::cdiv_rows(lens[b], p.d); ++m) {
                     const int64_t t = first + m;
                     if (t < h * per_head || t >= (h + 1) * per_head) return fail("tile outside its head", trial, long(t));
