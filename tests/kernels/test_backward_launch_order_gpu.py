@@ -10,10 +10,12 @@ no keys (those blocks end at once), GQA; both schedules (lock-step and turns), f
 64 and 128, causal or not. dK and dV must be bit-identical to a call without the poison (each is one
 block's sum, in a fixed order), dQ within a few units of it (its reduce-adds come in any order).
 
-The race itself is narrow: the main kernel's blocks start in grid order, so the first of them read the
-D rows the pre-pass's first blocks wrote. A build without the waits passed these cases too (H200, 48
-cases x 4 calls), so what this guards is the dependent-launch path's results with poisoned buffers
-(empty key blocks, GQA, both schedules); the order itself rests on the rule in grid_dependency.h.
+In most shapes the race is narrow: the main kernel's blocks start in grid order, so the first of them
+read the D rows the pre-pass's first blocks wrote (a build without the waits passed the dense and packed
+cases, H200, 48 cases x 4 calls). test_few_keys_many_queries opens the window: under a bottom-right causal
+mask with 64k queries and 192 keys per head, each key block's first query block is the head's last, whose
+D rows and dQ tiles the pre-pass's last blocks write, while SMs that ran only its first wave are already
+free for the main kernel.
 """
 from __future__ import annotations
 
@@ -87,3 +89,14 @@ def test_packed_with_empty_key_blocks(path, dtype, d, causal):
         return flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal)
 
     _check_poisoned_like_clean(run, (q, k, v), dout)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_few_keys_many_queries(path, dtype, d):
+    sq, sk, h = 65536, 192, 2  # rows before sq - sk see no key: output 0, gradients 0
+    q = fresh(1, sq, h, d, dtype=dtype).requires_grad_()
+    k = fresh(1, sk, h, d, dtype=dtype).requires_grad_()
+    v = fresh(1, sk, h, d, dtype=dtype).requires_grad_()
+    dout = fresh(1, sq, h, d, dtype=dtype)
+    _check_poisoned_like_clean(lambda: flash_attn_func(q, k, v, causal=True), (q, k, v), dout)
