@@ -15,7 +15,7 @@ read the D rows the pre-pass's first blocks wrote (a build without the waits pas
 cases, H200, 48 cases x 4 calls). test_few_keys_many_queries opens the window: under a bottom-right causal
 mask with 64k queries and 192 keys per head, each key block's first query block is the head's last, whose
 D rows and dQ tiles the pre-pass's last blocks write, while SMs that ran only its first wave are already
-free for the main kernel.
+free for the main kernel. test_backward_in_a_cuda_graph captures the dependent launch in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -100,3 +100,39 @@ def test_few_keys_many_queries(path, dtype, d):
     v = fresh(1, sk, h, d, dtype=dtype).requires_grad_()
     dout = fresh(1, sq, h, d, dtype=dtype)
     _check_poisoned_like_clean(lambda: flash_attn_func(q, k, v, causal=True), (q, k, v), dout)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_backward_in_a_cuda_graph(path, d):
+    """The dependent launch under stream capture (a programmatic edge in the graph): a captured forward
+    + backward replayed on new inputs gives the eager gradients (dK, dV bit for bit)."""
+    shape = (2, 1536, 8, d)
+    static = [fresh(*shape).requires_grad_() for _ in range(3)]
+    static_dout = fresh(*shape)
+
+    def step():
+        out = flash_attn_func(*static, causal=True)
+        return torch.autograd.grad(out, static, static_dout)
+
+    side = torch.cuda.Stream()  # warm-up off the capture stream, as torch.cuda.graph asks
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for _ in range(3):
+        inputs = [fresh(*shape) for _ in range(3)]
+        dout = fresh(*shape)
+        with torch.no_grad():
+            for dst, src in zip(static, inputs):
+                dst.copy_(src)
+            static_dout.copy_(dout)
+        graph.replay()
+        eager = [t.clone().requires_grad_() for t in inputs]
+        expected = torch.autograd.grad(flash_attn_func(*eager, causal=True), eager, dout)
+        assert torch.equal(captured[1], expected[1]) and torch.equal(captured[2], expected[2])
+        err = (captured[0].float() - expected[0].float()).abs().max().item()
+        assert err <= 8 * torch.finfo(torch.bfloat16).eps * max(1.0, expected[0].abs().max().item())
