@@ -95,11 +95,11 @@ __global__ void flash_bwd_convert_dq_kernel(const float *__restrict__ dq_accum, 
     }
 }
 
-// Tiled accumulator: block (m, h, b) converts tile (b, h, m) -- 8192 / D queries x D -- reading it in
-// order (16-byte loads, coalesced; the whole tile, rows past the sequence too: every tile is allocated)
-// and writing each 8-column run to its row of dQ (16-byte stores). D a template argument: the tile
-// arithmetic divides by constants.
-constexpr int kConvertTileThreads = 256;
+// Tiled accumulator: block (m, h, b) converts tile (b, h, m) -- 8192 / D queries x D, two sub-tiles in
+// wgmma register order (hopper/dq_tiles.h) -- reading the whole tile (rows past the sequence too: every
+// tile is allocated; 16-byte loads) and writing each 8-column run to its row of dQ (16-byte stores). D a
+// template argument: the tile arithmetic divides by constants.
+constexpr int kConvertTileThreads = 256;  // one quad of each sub-tile per thread
 template <typename T, int D>
 __global__ void __launch_bounds__(kConvertTileThreads) flash_bwd_convert_dq_tiles_kernel(const Flash_bwd_params params) {
     constexpr int tr = dq_tiles::kFloats / D;
@@ -113,30 +113,37 @@ __global__ void __launch_bounds__(kConvertTileThreads) flash_bwd_convert_dq_tile
     T *dq0 = reinterpret_cast<T *>(params.dq_ptr) +
              (params.cu_seqlens_q ? int64_t(seq.q_start) : int64_t(b) * params.seqlen_q) * params.dq_out_row_stride +
              int64_t(m) * tr * params.dq_out_row_stride + int64_t(h) * D;
-    // float4s 2p and 2p + 1 of a tile are chunks c and c + 1 (c even) of one row (chunk_slot XORs with
-    // an even number): 8 consecutive columns, one 16-byte store (dQ rows are 16-byte aligned). All of
-    // a thread's loads are issued before its first store.
-    constexpr int kPerThread = dq_tiles::kFloats / 8 / kConvertTileThreads;
+    // Quad v of sub-tile `sub` (dq_tiles::quad_rows): 64 contiguous bytes, two rows' 8-column runs.
+    // Thread x takes quad 32 (x % 8) + x / 8 of each sub-tile, so a warp's stores are 4 rows x 128
+    // contiguous bytes (dQ rows are 16-byte aligned). All of a thread's loads are issued first.
+    static_assert(kConvertTileThreads * 16 == dq_tiles::kSubFloats, "a quad per thread and sub-tile");
     const float s = params.scale_softmax;
-    float4 u[kPerThread], v[kPerThread];
+    const int v = 32 * (threadIdx.x % 8) + threadIdx.x / 8;
+    float4 f[2][4];
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-        const int p = threadIdx.x + j * kConvertTileThreads;
-        u[j] = tile[2 * p];
-        v[j] = tile[2 * p + 1];
-    }
+    for (int sub = 0; sub < 2; ++sub)
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-        const int p = threadIdx.x + j * kConvertTileThreads;
-        int r, col;
-        dq_tiles::chunk_position(2 * p, D, r, col);
-        if (r >= rows) continue;
-        // one 16-byte store instruction (ptxas otherwise splits it where the packed halves land in
-        // registers that do not form an aligned quad)
-        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dq0 + int64_t(r) * params.dq_out_row_stride + col),
-                     "r"(pack2<T>(u[j].x * s, u[j].y * s)), "r"(pack2<T>(u[j].z * s, u[j].w * s)),
-                     "r"(pack2<T>(v[j].x * s, v[j].y * s)), "r"(pack2<T>(v[j].z * s, v[j].w * s))
-                     : "memory");
+        for (int i = 0; i < 4; ++i) f[sub][i] = tile[sub * (dq_tiles::kSubFloats / 4) + 4 * v + i];
+    int r, c;
+    dq_tiles::quad_rows(v, r, c);
+#pragma unroll
+    for (int sub = 0; sub < 2; ++sub) {
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            int row, col;
+            dq_tiles::tile_position(sub, r + 8 * hr, c, D, row, col);
+            if (row >= rows) continue;
+            const float4 *q4 = f[sub];
+            uint32_t w[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                w[i] = hr == 0 ? pack2<T>(q4[i].x * s, q4[i].y * s) : pack2<T>(q4[i].z * s, q4[i].w * s);
+            // one 16-byte store instruction (ptxas otherwise splits it where the packed halves land in
+            // registers that do not form an aligned quad)
+            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dq0 + int64_t(row) * params.dq_out_row_stride + col),
+                         "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                         : "memory");
+        }
     }
 }
 

@@ -172,19 +172,13 @@ __device__ __forceinline__ void issue_dq(float (&dq)[32], uint32_t ds_base, uint
     wgmma_commit();
 }
 
-// The warpgroup's 64 x 64 fp32 dQ slice into its 16 KB sub-tile of a dq_tiles.h tile (staging copy):
-// row r = warp * 16 + g (+8) holds 16 chunks of 4 floats, chunk c at dq_tiles::chunk_slot(c, r)
-// (r % 8 == g), so each half-warp's eight chunks of a store land on all 32 banks.
-__device__ __forceinline__ void store_acc_subtile(uint8_t *half, const float (&acc)[32], int warp, int g, int t) {
-    const int gg = int(opaque(uint32_t(g)));
+// The warpgroup's 64 x 64 fp32 dQ slice into its 16 KB sub-tile of a dq_tiles.h tile (staging copy), in
+// register order: thread x's registers 4q .. 4q + 3 at float4 q * 128 + x (dq_tiles::staged_float4).
+__device__ __forceinline__ void store_acc_subtile(uint8_t *half, const float (&acc)[32], int x) {
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-        uint8_t *row = half + (warp * 16 + gg + 8 * hr) * 256 + (t % 2) * 8;
-#pragma unroll
-        for (int j = 0; j < 8; ++j)  // columns 8j + 2t, 8j + 2t + 1: chunk 2j + t / 2
-            *reinterpret_cast<float2 *>(row + dq_tiles::chunk_slot(2 * j + t / 2, gg) * 16) =
-                make_float2(acc[4 * j + 2 * hr], acc[4 * j + 2 * hr + 1]);
-    }
+    for (int q = 0; q < 8; ++q)
+        *reinterpret_cast<float4 *>(half + dq_tiles::staged_float4(q, x) * 16) =
+            make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
 }
 
 // Epilogue through shared memory: this warp's rows of dK (times the softmax scale) and dV into

@@ -17,9 +17,10 @@
 //   tile count); tiles_per_head = b * ceil(seqlen_q / TR), or packed ceil(total_q / TR) + b + 1.
 //   A tile is two 16 KB sub-tiles of 64 rows x 64 columns, one per consumer warpgroup and one bulk
 //   instruction each: head-dim columns 0..63 / 64..127 at head dim 128, queries 0..63 / 64..127 at
-//   64. In a sub-tile, row r holds 16 chunks of 4 floats, chunk c stored at position chunk_slot(c, r)
-//   (below): the swizzle that keeps the consumers' shared-memory staging stores (the staging buffer
-//   is a copy of the tile) free of bank conflicts.
+//   64. A sub-tile is in the order of the warpgroup's wgmma accumulator registers (the staging buffer
+//   the consumers fill is a copy of it): registers 4q .. 4q + 3 of thread x (0..127) are float4 q * 128
+//   + x, so each consumer stores its slice with 8 16-byte stores, a warp's 512 contiguous bytes at a
+//   time (no bank conflict), and no address arithmetic per row (staged_float4 below).
 // Rows past a sequence's end are added to (zeros: their dS is masked) but never read back.
 // Packed batches of many sequences much shorter than a tile would need several times the row-major
 // size (the + b term): flash_api.cpp then allocates row-major room only and the TMA backward declines
@@ -57,19 +58,29 @@ __host__ __device__ inline int64_t tile_offset(const Flash_bwd_params &p, int d,
     return (int64_t(h) * tiles_per_head(p, d) + first) * kFloats;
 }
 
-// Position of chunk c (0 .. 15: floats 4c .. 4c + 3) in row r of a sub-tile (rows of 256 bytes, so
-// every row starts at bank 0). The consumers stage dQ from wgmma accumulators with 8-byte stores,
-// which shared memory serves half a warp at a time: per store, half a warp writes rows r % 8 = 0..3
-// (or 4..7), chunks 2j and 2j + 1 of each. XOR with 2 (r % 8) puts those 8 chunks at 8 positions that
-// differ mod 8, i.e. on all 32 banks: one wavefront per half-warp (c ^ (r % 8) keeps a half-warp's
-// chunks within 4 positions, a 2-way conflict). Its own inverse for a fixed r.
-__host__ __device__ inline int chunk_slot(int c, int r) { return c ^ (2 * (r % 8)); }
+// A warpgroup's m64n64 fp32 wgmma accumulator: thread x = 32 w + 4 g + t holds in register i the
+// element (row 16 w + g + 8 ((i / 2) % 2), column 8 (i / 4) + 2 t + i % 2) of its 64 x 64 slice.
+__host__ __device__ inline void acc_position(int x, int i, int &row, int &col) {
+    const int w = x / 32, g = (x % 32) / 4, t = x % 4;
+    row = 16 * w + g + 8 * ((i / 2) % 2);
+    col = 8 * (i / 4) + 2 * t + i % 2;
+}
 
-// Row and column (in the tile) of the 4 floats at float4 index i (0 .. 2047) of a tile.
-__host__ __device__ inline void chunk_position(int i, int d, int &row, int &col) {
-    const int sub = i / (kSubFloats / 4), r = (i / 16) % 64, c = chunk_slot(i % 16, r);
+// Float4 index in its sub-tile of registers 4q .. 4q + 3 of thread x.
+__host__ __device__ inline int staged_float4(int q, int x) { return q * 128 + x; }
+
+// The post-pass's unit, quad v (0 .. 255) of a sub-tile: float4s 4v .. 4v + 3, registers 4q .. 4q + 3 of
+// threads 4g .. 4g + 3 of warp w (v = 32 q + 8 w + g): the first two floats of each are row 16 w + g,
+// columns 8q .. 8q + 7 in order; the last two, row 16 w + g + 8, the same columns.
+__host__ __device__ inline void quad_rows(int v, int &row, int &col) {
+    row = 16 * ((v / 8) % 4) + v % 8;
+    col = 8 * (v / 32);
+}
+
+// Row and column in the tile of sub-tile `sub`'s row r, column c.
+__host__ __device__ inline void tile_position(int sub, int r, int c, int d, int &row, int &col) {
     row = d == 128 ? r : sub * 64 + r;
-    col = (d == 128 ? sub * 64 : 0) + c * 4;
+    col = (d == 128 ? sub * 64 : 0) + c;
 }
 
 }  // namespace dq_tiles

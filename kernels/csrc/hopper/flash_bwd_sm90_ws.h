@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     auto stage_dq = [&](const float (&acc_dq)[32], int it) {
         const int st = it % DQS;
         mbar_wait(dq_empty + 8 * st, ((it / DQS) & 1) ^ 1);
-        store_acc_subtile(smem + L::dQ + st * L::DQBuf + cw * (L::DQBuf / 2), acc_dq, warp, g, t);
+        store_acc_subtile(smem + L::dQ + st * L::DQBuf + cw * (L::DQBuf / 2), acc_dq, tid % 128);
         fence_async_smem();  // -> visible to the bulk unit
         mbar_arrive_if(dq_full + 8 * st, true);
     };

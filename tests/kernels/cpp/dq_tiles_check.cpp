@@ -1,15 +1,13 @@
 // Host checks of the tiled dQ accumulator's layout (kernels/csrc/hopper/dq_tiles.h), built and run by
 // tests/kernels/test_dq_tiles_cpu.py:
-//   1. chunk_position maps a tile's 2048 float4 slots one-to-one onto its (row, 4-column chunk)
-//      cells, at head dims 64 and 128;
-//   2. the tiles of packed (varlen) sequences never overlap and fit in tiles_per_head, for random
-//      sequence lengths (zero-length ones included), and dense batches tile without gaps;
-//   3. the consumers' staging stores (bwd_consumer.h store_acc_subtile: thread (warp, g = lane / 4,
-//      t = lane % 4) writes floats (row warp * 16 + g + 8 hr, columns 8j + 2t, + 1) with one 8-byte
-//      store per (hr, j)) are free of bank conflicts: shared memory serves an 8-byte store half a warp
-//      at a time, and each half-warp's 16 stores must cover the 32 banks once;
-//   4. float4 slots 2p and 2p + 1 of a tile are columns c .. c + 7 of one row, c a multiple of 8 (the
-//      post-pass converts them with one 16-byte store).
+//   1. the consumers' staging (bwd_consumer.h store_acc_subtile: thread x's registers 4q .. 4q + 3 at
+//      float4 staged_float4(q, x)) and the post-pass's reading (quad v: float4s 4v .. 4v + 3 as two rows'
+//      8-column runs, quad_rows) agree: every register of every thread lands where the post-pass reads
+//      its element (acc_position), and each sub-tile's 4096 cells are read exactly once; the tile's two
+//      sub-tiles cover its rows and columns once at head dims 64 and 128;
+//   2. each warp's 16-byte staging store writes 512 contiguous bytes (no bank conflict);
+//   3. the tiles of packed (varlen) sequences never overlap and fit in tiles_per_head, for random
+//      sequence lengths (zero-length ones included), and dense batches tile without gaps.
 // Prints "ok" and exits 0, or names the first failure and exits 1.
 #include <cstdio>
 #include <cstdlib>
@@ -26,40 +24,43 @@ static int fail(const char *what, long a, long b) {
     return 1;
 }
 
-// Byte offset in a staging sub-tile of float (row, col): rows of 256 bytes, 16-byte chunks at chunk_slot.
-static int staged_byte(int row, int col) { return row * 256 + dq_tiles::chunk_slot(col / 4, row) * 16 + (col % 4) * 4; }
-
 int main() {
-    for (int warp = 0; warp < 4; ++warp)
-        for (int hr = 0; hr < 2; ++hr)
-            for (int j = 0; j < 8; ++j)
-                for (int half = 0; half < 2; ++half) {
-                    int words_on_bank[32] = {0};
-                    for (int lane = 16 * half; lane < 16 * half + 16; ++lane) {
-                        const int g = lane / 4, t = lane % 4, off = staged_byte(warp * 16 + g + 8 * hr, 8 * j + 2 * t);
-                        if (off % 8 != 0 || staged_byte(warp * 16 + g + 8 * hr, 8 * j + 2 * t + 1) != off + 4)
-                            return fail("staging store not one aligned 8-byte pair", lane, off);
-                        ++words_on_bank[(off / 4) % 32];
-                        ++words_on_bank[(off / 4 + 1) % 32];
-                    }
-                    for (int bank = 0; bank < 32; ++bank)
-                        if (words_on_bank[bank] != 1) return fail("staging store bank conflict (warp, bank)", warp, bank);
-                }
+    // float index in a sub-tile -> (row, col) as the post-pass reads it
+    std::vector<std::pair<int, int>> read_as(dq_tiles::kSubFloats, {-1, -1});
+    for (int v = 0; v < dq_tiles::kSubFloats / 16; ++v) {
+        int r, c;
+        dq_tiles::quad_rows(v, r, c);
+        for (int i = 0; i < 4; ++i)      // float4 4v + i: columns c + 2i, + 1 of rows r and r + 8
+            for (int e = 0; e < 4; ++e)  // .x .y: row r; .z .w: row r + 8
+                read_as[(4 * v + i) * 4 + e] = {r + 8 * (e / 2), c + 2 * i + e % 2};
+    }
+    std::set<std::pair<int, int>> cells(read_as.begin(), read_as.end());
+    if (int(cells.size()) != dq_tiles::kSubFloats) return fail("post-pass reads a cell twice", long(cells.size()), 0);
+    for (auto [r, c] : cells)
+        if (r < 0 || r >= 64 || c < 0 || c >= 64) return fail("post-pass cell outside the sub-tile", r, c);
+    for (int x = 0; x < 128; ++x)
+        for (int i = 0; i < 32; ++i) {
+            int r, c;
+            dq_tiles::acc_position(x, i, r, c);
+            const int at = dq_tiles::staged_float4(i / 4, x) * 4 + i % 4;
+            if (at < 0 || at >= dq_tiles::kSubFloats) return fail("staged outside the sub-tile", x, i);
+            if (read_as[at] != std::make_pair(r, c)) return fail("staged where the post-pass reads another cell", x, i);
+        }
+    for (int q = 0; q < 8; ++q)
+        for (int w = 0; w < 4; ++w)
+            for (int lane = 0; lane < 32; ++lane)
+                if (dq_tiles::staged_float4(q, 32 * w + lane) != dq_tiles::staged_float4(q, 32 * w) + lane)
+                    return fail("a warp's staging store is not contiguous", q, w);
     for (int d : {64, 128}) {
         std::set<std::pair<int, int>> seen;
-        for (int i = 0; i < dq_tiles::kFloats / 4; ++i) {
-            int r, c;
-            dq_tiles::chunk_position(i, d, r, c);
-            if (r < 0 || r >= dq_tiles::tile_rows(d) || c < 0 || c >= d || c % 4 != 0) return fail("cell outside the tile", r, c);
-            if (!seen.insert({r, c}).second) return fail("cell written twice", r, c);
-        }
-        if (int(seen.size()) != dq_tiles::kFloats / 4) return fail("cells missed", d, long(seen.size()));
-        for (int p = 0; p < dq_tiles::kFloats / 8; ++p) {
-            int r0, c0, r1, c1;
-            dq_tiles::chunk_position(2 * p, d, r0, c0);
-            dq_tiles::chunk_position(2 * p + 1, d, r1, c1);
-            if (r1 != r0 || c1 != c0 + 4 || c0 % 8 != 0) return fail("slot pair not 8 aligned columns of a row", d, p);
-        }
+        for (int sub = 0; sub < 2; ++sub)
+            for (auto [r, c] : cells) {
+                int row, col;
+                dq_tiles::tile_position(sub, r, c, d, row, col);
+                if (row < 0 || row >= dq_tiles::tile_rows(d) || col < 0 || col >= d) return fail("cell outside the tile", row, col);
+                if (!seen.insert({row, col}).second) return fail("tile cell written twice", row, col);
+            }
+        if (int(seen.size()) != dq_tiles::kFloats) return fail("tile cells missed", d, long(seen.size()));
     }
     std::mt19937 rng(1234);
     for (int trial = 0; trial < 2000; ++trial) {
