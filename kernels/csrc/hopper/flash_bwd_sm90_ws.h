@@ -238,22 +238,28 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
 
+    // Whether a key of this block lies after the causal diagonal of block m's first query (a prefix of
+    // the walk over m).
+    auto crosses_diagonal = [&](int m) { return n_block * BN + BN - 1 > m * BM + range.causal_off; };
+
     // Block m (the it-th): wait for slot it % 2 (Q, dO, LSE, D), issue S^T and dP^T on it, and once S^T
     // has landed turn it into P^T in place (masked only where the block crosses the diagonal or an end);
-    // then() at the end of either exp branch (exp_pt).
-    auto st_dpt_exp = [&](int m, int it, auto &acc_s, auto &acc_dp, auto then) {
+    // then() at the end of either exp branch (exp_pt). may_mask false: the block needs no mask (known
+    // where the caller's walk has constant-folded it; the masked path then vanishes).
+    auto st_dpt_exp = [&](int m, int it, auto &acc_s, auto &acc_dp, bool may_mask, auto then) {
         const int s = it & 1;
         mbar_wait(q_full + 8 * s, (it >> 1) & 1);
         wgmma_fence();
         issue_st_dpt<T, D>(acc_s, acc_dp, k_rows, v_rows, sQ + s * L::Q, sdO + s * L::Q);
-        // This thread's LSE pairs: at dense non-causal head dim 128 read while S^T is on the tensor cores
-        // (+1.4 to +2.6%; the causal and head-dim-64 kernels lose 1-4% with it), else as the exps use them.
-        constexpr bool kLseEarly = D == 128 && !Is_causal && !Is_local;
+        // This thread's LSE pairs: at head dim 128 without a mask branch (dense non-causal, and the causal
+        // kernel's blocks past the diagonal) read while S^T is on the tensor cores (dense +1.4 to +2.6%;
+        // with the mask branch, and at head dim 64, 1-4% lost), else as the exps use them.
+        const bool lse_early = D == 128 && !Is_local && (!Is_causal || !may_mask);
         float2 lse[BM / 8];
-        if constexpr (kLseEarly) load_lse_pairs<BM / 2>(sLSE + s * BM, t, lse);
+        if (lse_early) load_lse_pairs<BM / 2>(sLSE + s * BM, t, lse);
         auto lse_pair = [&](int j) {
-            if constexpr (kLseEarly) return lse[j];
-            else return *reinterpret_cast<const float2 *>(sLSE + s * BM + 8 * j + 2 * t);
+            if (lse_early) return lse[j];
+            return *reinterpret_cast<const float2 *>(sLSE + s * BM + 8 * j + 2 * t);
         };
         wgmma_wait<1>();  // S^T has landed
         if constexpr (Is_local) {  // the window's mask (causal folded in), keys past sk, queries past sq
@@ -262,8 +268,8 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
                 return q >= seq.sq || range.masked<Is_causal, false>(key, q);
             }, then);
         } else {
-            const bool need_mask = (Is_causal && n_block * BN + BN - 1 > m * BM + range.causal_off) ||
-                                   (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk));
+            const bool need_mask = may_mask && ((Is_causal && crosses_diagonal(m)) ||
+                                                (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk)));
             exp_pt(acc_s, lse_pair, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t, [&](int key, int q) {
                 return key >= seq.sk || q >= seq.sq || (Is_causal && key > q + range.causal_off);
             }, then);
@@ -333,9 +339,9 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     // the branch or inside it, loses up to 5%). Both loops make the same choice, so the two schedules
     // give the same bits.
     auto block_fragments_and_dv = [&](int m, int it, auto &acc_s, auto &acc_dp, const float *sDs, uint32_t do_base,
-                                      auto &a_p, auto &a_ds, auto turn) {
+                                      auto &a_p, auto &a_ds, bool may_mask, auto turn) {
         if constexpr (D == 64) {
-            st_dpt_exp(m, it, acc_s, acc_dp, [&] {
+            st_dpt_exp(m, it, acc_s, acc_dp, may_mask, [&] {
                 turn();
                 wgmma_wait<0>();  // dP^T has landed
                 to_a_fragments<T>(acc_s, a_p);
@@ -344,7 +350,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             wgmma_fence();
             issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
         } else {
-            st_dpt_exp(m, it, acc_s, acc_dp, [] {});
+            st_dpt_exp(m, it, acc_s, acc_dp, may_mask, [] {});
             to_a_fragments<T>(acc_s, a_p);
             wgmma_fence();
             issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
@@ -402,35 +408,52 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         // take P^T and dS^T from registers (A fragments), both made from P^T's fp32 registers
         // (block_fragments_and_dv).
         const int steps = range.m_max - range.m_min;
-        for (int m = range.m_min, it = 0; m < range.m_max; ++m, ++it) {
-            const int s = it & 1, bd = it % 3;
-            const uint32_t q_base = sQ + s * L::Q, do_base = sdO + s * L::Q;
-            const float *sDs = sDsum + s * BM;
+        // Causal head dim 128, even sizes: the walk in two parts, the blocks that cross the diagonal (a
+        // prefix) through the body with its mask branch, the rest through a copy without it, which also
+        // reads the LSE early (st_dpt_exp), as the dense kernel does. Elsewhere one part, the body
+        // deciding per block. The parts' loop is unrolled, so each part's may_mask is a constant.
+        constexpr int kParts = Is_causal && Is_even && !Is_local && D == 128 ? 2 : 1;
+        int m_diag = range.m_max;
+        if constexpr (kParts == 2) {
+            m_diag = range.m_min;
+            while (m_diag < range.m_max && crosses_diagonal(m_diag)) ++m_diag;
+        }
+#pragma unroll
+        for (int part = 0; part < kParts; ++part) {
+            const bool may_mask = part == 0;
+            const int m_begin = part == 0 ? range.m_min : m_diag, m_end = part + 1 < kParts ? m_diag : range.m_max;
+            // (the diagonal's part restates its bound, so its body knows every block is masked)
+            for (int m = m_begin, it = m_begin - range.m_min; m < m_end && (part + 1 == kParts || crosses_diagonal(m));
+                 ++m, ++it) {
+                const int s = it & 1, bd = it % 3;
+                const uint32_t q_base = sQ + s * L::Q, do_base = sdO + s * L::Q;
+                const float *sDs = sDsum + s * BM;
 
-            if constexpr (kSkipPingpong) {
-                if (half_empty(m)) {
-                    take_turn(it);
-                    pass_turn(m);
-                    uint32_t zero[BM / 16][4];
-                    zero_fragments(zero);
-                    mbar_wait(ds_empty + 8 * bd, ((it / 3) & 1) ^ 1);
-                    store_dst<false>(smem + L::dS + bd * L::DS, zero, key_row0, lane);
-                    fence_async_smem();
-                    mbar_arrive_if(ds_full + 8 * bd, true);
-                    finish_step(it, s);
-                    continue;
+                if constexpr (kSkipPingpong) {
+                    if (may_mask && half_empty(m)) {
+                        take_turn(it);
+                        pass_turn(m);
+                        uint32_t zero[BM / 16][4];
+                        zero_fragments(zero);
+                        mbar_wait(ds_empty + 8 * bd, ((it / 3) & 1) ^ 1);
+                        store_dst<false>(smem + L::dS + bd * L::DS, zero, key_row0, lane);
+                        fence_async_smem();
+                        mbar_arrive_if(ds_full + 8 * bd, true);
+                        finish_step(it, s);
+                        continue;
+                    }
                 }
+                float acc_s[BM / 2], acc_dp[BM / 2];
+                take_turn(it);
+                uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
+                block_fragments_and_dv(m, it, acc_s, acc_dp, sDs, do_base, a_p, a_ds, may_mask, [&] { pass_turn(m); });
+                issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
+                mbar_wait(ds_empty + 8 * bd, ((it / 3) & 1) ^ 1);  // both warpgroups' dQ of block it - 3 read it
+                store_dst<D == 64>(smem + L::dS + bd * L::DS, a_ds, key_row0, lane);
+                fence_async_smem();  // dS^T stores -> visible to wgmma
+                mbar_arrive_if(ds_full + 8 * bd, true);
+                finish_step(it, s);
             }
-            float acc_s[BM / 2], acc_dp[BM / 2];
-            take_turn(it);
-            uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
-            block_fragments_and_dv(m, it, acc_s, acc_dp, sDs, do_base, a_p, a_ds, [&] { pass_turn(m); });
-            issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
-            mbar_wait(ds_empty + 8 * bd, ((it / 3) & 1) ^ 1);  // both warpgroups' dQ of block it - 3 read it
-            store_dst<D == 64>(smem + L::dS + bd * L::DS, a_ds, key_row0, lane);
-            fence_async_smem();  // dS^T stores -> visible to wgmma
-            mbar_arrive_if(ds_full + 8 * bd, true);
-            finish_step(it, s);
         }
         last_dq(steps);
     } else
@@ -464,7 +487,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         }
         float acc_s[BM / 2], acc_dp[BM / 2];
         uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
-        block_fragments_and_dv(m, it, acc_s, acc_dp, sDs, do_base, a_p, a_ds, [] {});
+        block_fragments_and_dv(m, it, acc_s, acc_dp, sDs, do_base, a_p, a_ds, true, [] {});
         store_dst<D == 64>(sdS, a_ds, key_row0, lane);
         fence_async_smem();          // dS^T stores -> visible to wgmma
         named_barrier_sync(1, 256);  // both consumer warpgroups' halves of dS^T are in
