@@ -15,7 +15,8 @@ read the D rows the pre-pass's first blocks wrote (a build without the waits pas
 cases, H200, 48 cases x 4 calls). test_few_keys_many_queries opens the window: under a bottom-right causal
 mask with 64k queries and 192 keys per head, each key block's first query block is the head's last, whose
 D rows and dQ tiles the pre-pass's last blocks write, while SMs that ran only its first wave are already
-free for the main kernel. test_backward_in_a_cuda_graph captures the dependent launch in a CUDA graph.
+free for the main kernel. A build without the waits fails all 8 of its cases (512 to 10752 non-finite dQ
+values each, H200). test_backward_in_a_cuda_graph captures the dependent launch in a CUDA graph.
 """
 from __future__ import annotations
 
