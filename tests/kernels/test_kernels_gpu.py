@@ -107,6 +107,18 @@ def test_dense_8k(causal):
     run_dense(1, 2, 2, 8192, 8192, 128, torch.bfloat16, causal)
 
 
+# Causal, block-multiple lengths with seqlen_q != seqlen_k (bottom-right diagonal) in the backward's turns
+# schedule (>= 1024 queries): the head-dim-128 walk splits each key block's query blocks at the diagonal,
+# which here starts mid-walk or at its first block; below and from 4096 keys (with and without the
+# empty-half skip).
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("shape", [(1, 2, 2, 2048, 1024), (1, 2, 2, 1024, 2048), (1, 1, 1, 8192, 4096),
+                                   (1, 1, 1, 4096, 8192)], ids=lambda s: f"{s[3]}q{s[4]}k")
+def test_causal_unequal_lengths_in_turns(shape, d, dtype):
+    run_dense(*shape, d, dtype, True)
+
+
 # The strided Hopper forward's 160-key tiles (head dim 128, no causal mask, from 2048 keys;
 # csrc/hopper/dispatch.h wide_key_tiles): keys a multiple of 160 (no tile masked), a last tile of one
 # key with fewer queries than keys and GQA, and more queries than keys.
