@@ -245,16 +245,17 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     // Block m (the it-th): wait for slot it % 2 (Q, dO, LSE, D), issue S^T and dP^T on it, and once S^T
     // has landed turn it into P^T in place (masked only where the block crosses the diagonal or an end);
     // then() at the end of either exp branch (exp_pt). may_mask false: the block needs no mask (known
-    // where the caller's walk has constant-folded it; the masked path then vanishes).
-    auto st_dpt_exp = [&](int m, int it, auto &acc_s, auto &acc_dp, bool may_mask, auto then) {
+    // where the caller's walk has constant-folded it; the masked path then vanishes); must_mask (windows
+    // only): it needs one, and the unmasked path vanishes.
+    auto st_dpt_exp = [&](int m, int it, auto &acc_s, auto &acc_dp, bool may_mask, bool must_mask, auto then) {
         const int s = it & 1;
         mbar_wait(q_full + 8 * s, (it >> 1) & 1);
         wgmma_fence();
         issue_st_dpt<T, D>(acc_s, acc_dp, k_rows, v_rows, sQ + s * L::Q, sdO + s * L::Q);
-        // This thread's LSE pairs: at head dim 128 without a mask branch (dense non-causal, and the causal
-        // kernel's blocks past the diagonal) read while S^T is on the tensor cores (dense +1.4 to +2.6%;
+        // This thread's LSE pairs: at head dim 128 without a mask branch (dense non-causal, the causal
+        // kernel's blocks past the diagonal, a window's inner blocks) read while S^T is on the tensor cores (dense +1.4 to +2.6%;
         // with the mask branch, and at head dim 64, 1-4% lost), else as the exps use them.
-        const bool lse_early = D == 128 && !Is_local && (!Is_causal || !may_mask);
+        const bool lse_early = D == 128 && (Is_local ? !may_mask : !Is_causal || !may_mask);
         float2 lse[BM / 8];
         if (lse_early) load_lse_pairs<BM / 2>(sLSE + s * BM, t, lse);
         auto lse_pair = [&](int j) {
@@ -263,7 +264,8 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         };
         wgmma_wait<1>();  // S^T has landed
         if constexpr (Is_local) {  // the window's mask (causal folded in), keys past sk, queries past sq
-            const bool need_mask = range.need_mask<Is_causal, false>(m, n_block, BM, BN) || (m + 1) * BM > seq.sq;
+            const bool need_mask =
+                must_mask || (may_mask && (range.need_mask<Is_causal, false>(m, n_block, BM, BN) || (m + 1) * BM > seq.sq));
             exp_pt(acc_s, lse_pair, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t, [&](int key, int q) {
                 return q >= seq.sq || range.masked<Is_causal, false>(key, q);
             }, then);
@@ -339,9 +341,9 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     // the branch or inside it, loses up to 5%). Both loops make the same choice, so the two schedules
     // give the same bits.
     auto block_fragments_and_dv = [&](int m, int it, auto &acc_s, auto &acc_dp, const float *sDs, uint32_t do_base,
-                                      auto &a_p, auto &a_ds, bool may_mask, auto turn) {
+                                      auto &a_p, auto &a_ds, bool may_mask, bool must_mask, auto turn) {
         if constexpr (D == 64) {
-            st_dpt_exp(m, it, acc_s, acc_dp, may_mask, [&] {
+            st_dpt_exp(m, it, acc_s, acc_dp, may_mask, must_mask, [&] {
                 turn();
                 wgmma_wait<0>();  // dP^T has landed
                 to_a_fragments<T>(acc_s, a_p);
@@ -350,7 +352,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             wgmma_fence();
             issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
         } else {
-            st_dpt_exp(m, it, acc_s, acc_dp, may_mask, [] {});
+            st_dpt_exp(m, it, acc_s, acc_dp, may_mask, must_mask, [] {});
             to_a_fragments<T>(acc_s, a_p);
             wgmma_fence();
             issue_rs_over_queries<T, D>(acc_dv, a_p, do_base);
@@ -412,19 +414,33 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         // prefix) through the body with its mask branch, the rest through a copy without it, which also
         // reads the LSE early (st_dpt_exp), as the dense kernel does. Elsewhere one part, the body
         // deciding per block. The parts' loop is unrolled, so each part's may_mask is a constant.
-        constexpr int kParts = Is_causal && Is_even && !Is_local && D == 128 ? 2 : 1;
-        int m_diag = range.m_max;
+        // Window, head dim 128: the blocks a window's edges cross (near the diagonal; past the window's
+        // far edge or the queries' end) are a prefix and a suffix of the walk, both through the masked
+        // exps alone, and the blocks between through the copy without a mask that reads the LSE early:
+        // windows of 1k / 4k +1.5 to +1.8% / +3.2 to +3.6% against one part deciding per block (H200).
+        constexpr int kParts = Is_causal && Is_even && !Is_local && D == 128 ? 2 : Is_local && D == 128 ? 3 : 1;
+        int m_diag = range.m_max, m_far = range.m_max;  // the first block of part 1, of part 2
         if constexpr (kParts == 2) {
             m_diag = range.m_min;
             while (m_diag < range.m_max && crosses_diagonal(m_diag)) ++m_diag;
         }
+        if constexpr (kParts == 3) {
+            auto edge_block = [&](int m) {
+                return range.need_mask<Is_causal, false>(m, n_block, BM, BN) || (m + 1) * BM > seq.sq;
+            };
+            m_diag = range.m_min;
+            while (m_diag < range.m_max && edge_block(m_diag)) ++m_diag;
+            m_far = m_diag;
+            while (m_far < range.m_max && !edge_block(m_far)) ++m_far;
+        }
 #pragma unroll
         for (int part = 0; part < kParts; ++part) {
-            const bool may_mask = part == 0;
-            const int m_begin = part == 0 ? range.m_min : m_diag, m_end = part + 1 < kParts ? m_diag : range.m_max;
+            const bool may_mask = kParts == 3 ? part != 1 : part == 0, must_mask = kParts == 3 && part != 1;
+            const int m_begin = part == 0 ? range.m_min : part == 1 ? m_diag : m_far;
+            const int m_end = part + 1 == kParts ? range.m_max : part == 0 ? m_diag : m_far;
             // (the diagonal's part restates its bound, so its body knows every block is masked)
-            for (int m = m_begin, it = m_begin - range.m_min; m < m_end && (part + 1 == kParts || crosses_diagonal(m));
-                 ++m, ++it) {
+            for (int m = m_begin, it = m_begin - range.m_min;
+                 m < m_end && (part + 1 == kParts || kParts == 3 || crosses_diagonal(m)); ++m, ++it) {
                 const int s = it & 1, bd = it % 3;
                 const uint32_t q_base = sQ + s * L::Q, do_base = sdO + s * L::Q;
                 const float *sDs = sDsum + s * BM;
@@ -446,7 +462,8 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
                 float acc_s[BM / 2], acc_dp[BM / 2];
                 take_turn(it);
                 uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
-                block_fragments_and_dv(m, it, acc_s, acc_dp, sDs, do_base, a_p, a_ds, may_mask, [&] { pass_turn(m); });
+                block_fragments_and_dv(m, it, acc_s, acc_dp, sDs, do_base, a_p, a_ds, may_mask, must_mask,
+                                       [&] { pass_turn(m); });
                 issue_rs_over_queries<T, D>(acc_dk, a_ds, q_base);
                 mbar_wait(ds_empty + 8 * bd, ((it / 3) & 1) ^ 1);  // both warpgroups' dQ of block it - 3 read it
                 store_dst<D == 64>(smem + L::dS + bd * L::DS, a_ds, key_row0, lane);
@@ -487,7 +504,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         }
         float acc_s[BM / 2], acc_dp[BM / 2];
         uint32_t a_p[BM / 16][4], a_ds[BM / 16][4];
-        block_fragments_and_dv(m, it, acc_s, acc_dp, sDs, do_base, a_p, a_ds, true, [] {});
+        block_fragments_and_dv(m, it, acc_s, acc_dp, sDs, do_base, a_p, a_ds, true, false, [] {});
         store_dst<D == 64>(sdS, a_ds, key_row0, lane);
         fence_async_smem();          // dS^T stores -> visible to wgmma
         named_barrier_sync(1, 256);  // both consumer warpgroups' halves of dS^T are in
