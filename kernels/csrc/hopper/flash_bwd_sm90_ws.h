@@ -245,17 +245,17 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     // Block m (the it-th): wait for slot it % 2 (Q, dO, LSE, D), issue S^T and dP^T on it, and once S^T
     // has landed turn it into P^T in place (masked only where the block crosses the diagonal or an end);
     // then() at the end of either exp branch (exp_pt). may_mask false: the block needs no mask (known
-    // where the caller's walk has constant-folded it; the masked path then vanishes); must_mask (windows
-    // only): it needs one, and the unmasked path vanishes.
+    // where the caller's walk has constant-folded it; the masked path then vanishes); must_mask: it needs
+    // one, and the unmasked path vanishes.
     auto st_dpt_exp = [&](int m, int it, auto &acc_s, auto &acc_dp, bool may_mask, bool must_mask, auto then) {
         const int s = it & 1;
         mbar_wait(q_full + 8 * s, (it >> 1) & 1);
         wgmma_fence();
         issue_st_dpt<T, D>(acc_s, acc_dp, k_rows, v_rows, sQ + s * L::Q, sdO + s * L::Q);
-        // This thread's LSE pairs: at head dim 128 without a mask branch (dense non-causal, the causal
-        // kernel's blocks past the diagonal, a window's inner blocks) read while S^T is on the tensor cores (dense +1.4 to +2.6%;
+        // This thread's LSE pairs: at head dim 128 without a mask branch (dense non-causal, and the inner
+        // blocks of the walks in parts below) read while S^T is on the tensor cores (dense +1.4 to +2.6%;
         // with the mask branch, and at head dim 64, 1-4% lost), else as the exps use them.
-        const bool lse_early = D == 128 && (Is_local ? !may_mask : !Is_causal || !may_mask);
+        const bool lse_early = D == 128 && (!may_mask || (!Is_causal && !Is_local));
         float2 lse[BM / 8];
         if (lse_early) load_lse_pairs<BM / 2>(sLSE + s * BM, t, lse);
         auto lse_pair = [&](int j) {
@@ -270,8 +270,8 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
                 return q >= seq.sq || range.masked<Is_causal, false>(key, q);
             }, then);
         } else {
-            const bool need_mask = may_mask && ((Is_causal && crosses_diagonal(m)) ||
-                                                (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk)));
+            const bool need_mask = must_mask || (may_mask && ((Is_causal && crosses_diagonal(m)) ||
+                                                (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk))));
             exp_pt(acc_s, lse_pair, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t, [&](int key, int q) {
                 return key >= seq.sk || q >= seq.sq || (Is_causal && key > q + range.causal_off);
             }, then);
@@ -414,11 +414,12 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         // prefix) through the body with its mask branch, the rest through a copy without it, which also
         // reads the LSE early (st_dpt_exp), as the dense kernel does. Elsewhere one part, the body
         // deciding per block. The parts' loop is unrolled, so each part's may_mask is a constant.
-        // Window, head dim 128: the blocks a window's edges cross (near the diagonal; past the window's
-        // far edge or the queries' end) are a prefix and a suffix of the walk, both through the masked
-        // exps alone, and the blocks between through the copy without a mask that reads the LSE early:
+        // Head dim 128, ragged sizes (windows, and lengths that are not block multiples): the blocks an edge
+        // crosses (the diagonal or a window's near edge; its far edge, the queries' end) are a prefix and a
+        // suffix of the walk, both through the masked exps alone (a key block past the keys' end is all
+        // prefix), and the blocks between through the copy without a mask that reads the LSE early:
         // windows of 1k / 4k +1.5 to +1.8% / +3.2 to +3.6% against one part deciding per block (H200).
-        constexpr int kParts = Is_causal && Is_even && !Is_local && D == 128 ? 2 : Is_local && D == 128 ? 3 : 1;
+        constexpr int kParts = D != 128 ? 1 : !Is_even ? 3 : Is_causal ? 2 : 1;
         int m_diag = range.m_max, m_far = range.m_max;  // the first block of part 1, of part 2
         if constexpr (kParts == 2) {
             m_diag = range.m_min;
@@ -426,7 +427,8 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         }
         if constexpr (kParts == 3) {
             auto edge_block = [&](int m) {
-                return range.need_mask<Is_causal, false>(m, n_block, BM, BN) || (m + 1) * BM > seq.sq;
+                if constexpr (Is_local) return range.need_mask<Is_causal, false>(m, n_block, BM, BN) || (m + 1) * BM > seq.sq;
+                else return (Is_causal && crosses_diagonal(m)) || (m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk;
             };
             m_diag = range.m_min;
             while (m_diag < range.m_max && edge_block(m_diag)) ++m_diag;
