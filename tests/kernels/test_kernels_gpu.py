@@ -119,6 +119,20 @@ def test_causal_unequal_lengths_in_turns(shape, d, dtype):
     run_dense(*shape, d, dtype, True)
 
 
+# Lengths that are not block multiples in the backward's turns schedule (>= 1024 queries; head dim 128
+# without a causal mask from 512): the head-dim-128 ragged kernels walk each key block's query blocks in
+# three parts (the blocks an edge crosses first and last, the unmasked ones between). Here with a partial
+# last query block, a partial last key block (its whole walk masked), seqlen_q != seqlen_k both ways, and
+# below and from 4096 keys (with and without the causal empty-half skip).
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("shape", [(1, 2, 2, 1100, 1100), (1, 2, 2, 1500, 1333), (1, 2, 2, 1333, 2500),
+                                   (1, 1, 1, 4500, 4200), (1, 1, 1, 2100, 5000)], ids=lambda s: f"{s[3]}q{s[4]}k")
+def test_ragged_lengths_in_turns(shape, d, dtype, causal):
+    run_dense(*shape, d, dtype, causal)
+
+
 # The strided Hopper forward's 160-key tiles (head dim 128, no causal mask, from 2048 keys;
 # csrc/hopper/dispatch.h wide_key_tiles): keys a multiple of 160 (no tile masked), a last tile of one
 # key with fewer queries than keys and GQA, and more queries than keys.
@@ -254,6 +268,15 @@ def _check_varlen(lens_q, lens_k, h, hk, d, dtype, causal):
 def test_varlen(dtype, d, causal):
     torch.manual_seed(next(_seed))
     _check_varlen([1, 17, 129, 300, 64, 1000], [5, 17, 100, 300, 200, 1000], 4, 2, d, dtype, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_varlen_long_sequences_in_turns(dtype, causal):
+    """Packed sequences long enough for the backward's turns schedule, of ragged and unequal query / key
+    lengths (the ragged kernels' walk in parts, per sequence), head dim 128."""
+    torch.manual_seed(next(_seed))
+    _check_varlen([1100, 37, 2500, 700], [1200, 50, 2400, 700], 4, 2, 128, dtype, causal)
 
 
 @pytest.mark.parametrize("causal", [False, True])
