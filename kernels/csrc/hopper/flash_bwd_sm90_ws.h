@@ -412,13 +412,15 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
         const int steps = range.m_max - range.m_min;
         // Causal head dim 128, even sizes: the walk in two parts, the blocks that cross the diagonal (a
         // prefix) through the body with its mask branch, the rest through a copy without it, which also
-        // reads the LSE early (st_dpt_exp), as the dense kernel does. Elsewhere one part, the body
-        // deciding per block. The parts' loop is unrolled, so each part's may_mask is a constant.
+        // reads the LSE early (st_dpt_exp), as the dense kernel does.
         // Head dim 128, ragged sizes (windows, and lengths that are not block multiples): the blocks an edge
         // crosses (the diagonal or a window's near edge; its far edge, the queries' end) are a prefix and a
         // suffix of the walk, both through the masked exps alone (a key block past the keys' end is all
         // prefix), and the blocks between through the copy without a mask that reads the LSE early:
-        // windows of 1k / 4k +1.5 to +1.8% / +3.2 to +3.6% against one part deciding per block (H200).
+        // windows of 1k / 4k +1.5 to +1.8% / +3.2 to +3.6%, ragged lengths +0.8% to +3.1% against one part
+        // deciding per block (H200). Elsewhere (dense even sizes; head dim 64, where three parts lost 0.1-1.2%
+        // under windows) one part, the body deciding per block. The parts' loop is unrolled, so each part's
+        // may_mask and must_mask are constants.
         constexpr int kParts = D != 128 ? 1 : !Is_even ? 3 : Is_causal ? 2 : 1;
         int m_diag = range.m_max, m_far = range.m_max;  // the first block of part 1, of part 2
         if constexpr (kParts == 2) {
