@@ -241,6 +241,12 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
     // Whether a key of this block lies after the causal diagonal of block m's first query (a prefix of
     // the walk over m).
     auto crosses_diagonal = [&](int m) { return n_block * BN + BN - 1 > m * BM + range.causal_off; };
+    // Whether block m's P^T needs a mask: the block crosses the diagonal or a window's edge, or runs past
+    // the queries' or the keys' end.
+    auto block_needs_mask = [&](int m) {
+        if constexpr (Is_local) return range.need_mask<Is_causal, false>(m, n_block, BM, BN) || (m + 1) * BM > seq.sq;
+        else return (Is_causal && crosses_diagonal(m)) || (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk));
+    };
 
     // Block m (the it-th): wait for slot it % 2 (Q, dO, LSE, D), issue S^T and dP^T on it, and once S^T
     // has landed turn it into P^T in place (masked only where the block crosses the diagonal or an end);
@@ -263,15 +269,12 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             return *reinterpret_cast<const float2 *>(sLSE + s * BM + 8 * j + 2 * t);
         };
         wgmma_wait<1>();  // S^T has landed
+        const bool need_mask = must_mask || (may_mask && block_needs_mask(m));
         if constexpr (Is_local) {  // the window's mask (causal folded in), keys past sk, queries past sq
-            const bool need_mask =
-                must_mask || (may_mask && (range.need_mask<Is_causal, false>(m, n_block, BM, BN) || (m + 1) * BM > seq.sq));
             exp_pt(acc_s, lse_pair, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t, [&](int key, int q) {
                 return q >= seq.sq || range.masked<Is_causal, false>(key, q);
             }, then);
         } else {
-            const bool need_mask = must_mask || (may_mask && ((Is_causal && crosses_diagonal(m)) ||
-                                                (!Is_even && ((m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk))));
             exp_pt(acc_s, lse_pair, scale_log2, need_mask, n_block * BN + key_row0, m * BM, g, t, [&](int key, int q) {
                 return key >= seq.sk || q >= seq.sq || (Is_causal && key > q + range.causal_off);
             }, then);
@@ -428,14 +431,10 @@ __global__ void __launch_bounds__(kBwsThreads, 1)
             while (m_diag < range.m_max && crosses_diagonal(m_diag)) ++m_diag;
         }
         if constexpr (kParts == 3) {
-            auto edge_block = [&](int m) {
-                if constexpr (Is_local) return range.need_mask<Is_causal, false>(m, n_block, BM, BN) || (m + 1) * BM > seq.sq;
-                else return (Is_causal && crosses_diagonal(m)) || (m + 1) * BM > seq.sq || (n_block + 1) * BN > seq.sk;
-            };
             m_diag = range.m_min;
-            while (m_diag < range.m_max && edge_block(m_diag)) ++m_diag;
+            while (m_diag < range.m_max && block_needs_mask(m_diag)) ++m_diag;
             m_far = m_diag;
-            while (m_far < range.m_max && !edge_block(m_far)) ++m_far;
+            while (m_far < range.m_max && !block_needs_mask(m_far)) ++m_far;
         }
 #pragma unroll
         for (int part = 0; part < kParts; ++part) {
