@@ -15,6 +15,7 @@ second half of each turn's calls (steady clock). TFLOP/s: 4·b·h·s²·d per fo
 causal), f+b = 3.5 x forward. Needs NVML (the driver's libnvidia-ml) for clock and power.
 
     python dev/sustained_attention.py [--hdim 128] [--seqlen 8192] [--batch 2] [--heads 16] [--causal 1]
+        [--impls ours cudnn flash fa4]   # fa4: FlashAttention-4 where flash_attn.cute imports
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "bench")]  # our packages; the kernel sweep
 
-from kernel_sweep import impls  # noqa: E402
+from kernel_sweep import impls, load_fa4  # noqa: E402
 from training.telemetry.gpu import GpuTelemetry  # noqa: E402
 
 
@@ -72,7 +73,12 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     dout = torch.randn_like(q)
-    fns = impls(causal)
+    fa4 = None
+    if "fa4" in args.impls:
+        fa4, what = load_fa4()
+        if fa4 is None:
+            raise SystemExit(f"--impls fa4: FlashAttention-4 is not importable ({what})")
+    fns = impls(causal, fa4=fa4)
     x = torch.randn(16384, 2048, device="cuda", dtype=torch.bfloat16)  # a step's MLP-sized GEMM
     w = torch.randn(8192, 2048, device="cuda", dtype=torch.bfloat16)
 
