@@ -13,6 +13,13 @@ under a causal window of w tokens; backward 2.5x that) and each new /
 old, with the largest difference between a new tree's outputs and the old one's (gradients: the dQ
 reduce order differs call to call, so expect a few bf16 units at most); last, per new tree, the median
 and range of new / old over the rows. The shapes are the kernel sweep's: 16k tokens a batch, d_model 2048.
+
+`--at-cap SECONDS` times instead at the board's power cap, the regime of a training step: per round each tree's
+calls run back to back for SECONDS (the trees' order rotating from round to round), medians over each turn's
+second half (dev/sustained_attention.py run_turn), with each tree's SM clock and joules per call (NVML). At the
+cap the clock follows the energy a call takes, which bursts at full clock do not show:
+
+    python dev/ab_builds.py /tmp/old . --pass bwd --hdims 128 --causal 1 --seqlens 8192 16384 --at-cap 3
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ from types import ModuleType
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cuda_timing import time_interleaved_ms  # noqa: E402
 
 BUILD = "from kernels.build import load_extension; print(load_extension().__file__)"
@@ -58,6 +66,8 @@ def main() -> None:
                     help="also causal local windows of w tokens (window_size=(w - 1, 0)) at seqlens above w")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--at-cap", type=float, default=0.0, metavar="SECONDS",
+                    help="time each tree's calls back to back for SECONDS per round at the power cap (clock, J per call)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
@@ -69,9 +79,17 @@ def main() -> None:
     news = [n for n in exts if n != "old"]
     for n in news:
         print(f"{n}: {trees[n]}")
-    print("| pass | hdim | mask | seqlen | old TFLOP/s | " + " | ".join(f"{n} TFLOP/s | {n} / old | {n} max diff"
-                                                               for n in news) + " |")
-    print("|---|---|---|---|---|" + "---|---|---|" * len(news))
+    telemetry = None
+    if a.at_cap:
+        from sustained_attention import GpuTelemetry, run_turn
+        telemetry = GpuTelemetry.open(torch.device("cuda"))
+        if telemetry is None:
+            raise SystemExit("--at-cap needs NVML (the driver's libnvidia-ml) for the clock and the energy")
+    cap = " | old MHz | old J" if a.at_cap else ""
+    print(f"| pass | hdim | mask | seqlen | old TFLOP/s{cap} | "
+          + " | ".join(f"{n} TFLOP/s | {n} / old" + (f" | {n} MHz | {n} J / old J" if a.at_cap else "") + f" | {n} max diff"
+                       for n in news) + " |")
+    print("|---|---|---|---|---|" + ("---|---|" if a.at_cap else "") + ("---|---|---|---|---|" if a.at_cap else "---|---|---|") * len(news))
     ratios = {n: [] for n in news}
     masks = [("causal" if c else "full", bool(c), 0) for c in a.causal] + [(f"win{w}", True, w) for w in a.windows]
     for d in a.hdims:
@@ -93,16 +111,29 @@ def main() -> None:
                 # compared: dq, dk, dv; or the forward's output (not its LSE)
                 got = {n: call(n)[: 3 if a.which == "bwd" else 1] for n in exts}
                 fns = {n: (lambda n=n: call(n)) for n in exts}
-                runs = [time_interleaved_ms(fns, a.reps) for _ in range(a.rounds)]
-                ms = {n: statistics.median(r[n] for r in runs) for n in exts}
+                mhz, joules = {}, {}
+                if a.at_cap:
+                    order, turns = list(exts), {n: [] for n in exts}
+                    for r in range(a.rounds):
+                        for n in order[r % len(order):] + order[:r % len(order)]:
+                            turns[n].append(run_turn(fns[n], None, a.at_cap, telemetry))
+                    ms = {n: statistics.median(t["ms"] for t in turns[n]) for n in exts}
+                    nan = float("nan")
+                    mhz = {n: statistics.median(t.get("gpu_sm_clock_mhz", nan) for t in turns[n]) for n in exts}
+                    joules = {n: statistics.median(t.get("gpu_energy_j", nan) / t["calls"] for t in turns[n]) for n in exts}
+                else:
+                    runs = [time_interleaved_ms(fns, a.reps) for _ in range(a.rounds)]
+                    ms = {n: statistics.median(r[n] for r in runs) for n in exts}
                 pairs = s * w - w * (w - 1) // 2 if w else s * s * (0.5 if causal else 1.0)  # query-key pairs
                 flops = 4 * b * h * pairs * d * (2.5 if a.which == "bwd" else 1.0)
                 cells = []
                 for n in news:
                     diff = max((x.float() - y.float()).abs().max().item() for x, y in zip(got["old"], got[n]))
                     ratios[n].append(ms["old"] / ms[n])
-                    cells.append(f"{flops / ms[n] / 1e9:.0f} | {ms['old'] / ms[n]:.3f} | {diff:.2e}")
-                print(f"| {a.which} | {d} | {label} | {s} | {flops / ms['old'] / 1e9:.0f} | "
+                    at_cap = f" | {mhz[n]:.0f} | {joules[n] / joules['old']:.3f}" if a.at_cap else ""
+                    cells.append(f"{flops / ms[n] / 1e9:.0f} | {ms['old'] / ms[n]:.3f}{at_cap} | {diff:.2e}")
+                old_cap = f" | {mhz['old']:.0f} | {joules['old']:.3f}" if a.at_cap else ""
+                print(f"| {a.which} | {d} | {label} | {s} | {flops / ms['old'] / 1e9:.0f}{old_cap} | "
                       + " | ".join(cells) + " |", flush=True)
     for n in news:
         r = ratios[n]
