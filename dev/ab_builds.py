@@ -19,7 +19,7 @@ calls run back to back for SECONDS (the trees' order rotating from round to roun
 second half (dev/sustained_attention.py run_turn), with each tree's SM clock and joules per call (NVML). At the
 cap the clock follows the energy a call takes, which bursts at full clock do not show:
 
-    python dev/ab_builds.py /tmp/old . --pass bwd --hdims 128 --causal 1 --seqlens 8192 16384 --at-cap 3
+    python dev/ab_builds.py /tmp/old . --pass bwd --hdims 128 --causal 1 --seqlens 8192 16384 --at-cap 3 [--cap-gemms 6]
 """
 from __future__ import annotations
 
@@ -68,6 +68,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--at-cap", type=float, default=0.0, metavar="SECONDS",
                     help="time each tree's calls back to back for SECONDS per round at the power cap (clock, J per call)")
+    ap.add_argument("--cap-gemms", type=int, default=0, metavar="N",
+                    help="with --at-cap: N (16384 x 2048) x (2048 x 8192) GEMMs before each call, as between two "
+                         "attention layers of a step (the calls' own time is timed; joules then include the GEMMs')")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
@@ -85,6 +88,14 @@ def main() -> None:
         telemetry = GpuTelemetry.open(torch.device("cuda"))
         if telemetry is None:
             raise SystemExit("--at-cap needs NVML (the driver's libnvidia-ml) for the clock and the energy")
+    gemm = None
+    if a.cap_gemms:
+        x = torch.randn(16384, 2048, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(8192, 2048, device="cuda", dtype=torch.bfloat16)
+
+        def gemm():
+            for _ in range(a.cap_gemms):
+                torch.mm(x, w.t())
     cap = " | old MHz | old J" if a.at_cap else ""
     print(f"| pass | hdim | mask | seqlen | old TFLOP/s{cap} | "
           + " | ".join(f"{n} TFLOP/s | {n} / old" + (f" | {n} MHz | {n} J / old J" if a.at_cap else "") + f" | {n} max diff"
@@ -116,7 +127,7 @@ def main() -> None:
                     order, turns = list(exts), {n: [] for n in exts}
                     for r in range(a.rounds):
                         for n in order[r % len(order):] + order[:r % len(order)]:
-                            turns[n].append(run_turn(fns[n], None, a.at_cap, telemetry))
+                            turns[n].append(run_turn(fns[n], gemm, a.at_cap, telemetry))
                     ms = {n: statistics.median(t["ms"] for t in turns[n]) for n in exts}
                     nan = float("nan")
                     mhz = {n: statistics.median(t.get("gpu_sm_clock_mhz", nan) for t in turns[n]) for n in exts}
