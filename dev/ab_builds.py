@@ -84,18 +84,11 @@ def main() -> None:
         print(f"{n}: {trees[n]}")
     telemetry = None
     if a.at_cap:
-        from sustained_attention import GpuTelemetry, run_turn
+        from sustained_attention import GpuTelemetry, run_turn, step_gemms
         telemetry = GpuTelemetry.open(torch.device("cuda"))
         if telemetry is None:
             raise SystemExit("--at-cap needs NVML (the driver's libnvidia-ml) for the clock and the energy")
-    gemm = None
-    if a.cap_gemms:
-        gemm_a = torch.randn(16384, 2048, device="cuda", dtype=torch.bfloat16)
-        gemm_b = torch.randn(8192, 2048, device="cuda", dtype=torch.bfloat16)
-
-        def gemm():
-            for _ in range(a.cap_gemms):
-                torch.mm(gemm_a, gemm_b.t())
+        gemm = step_gemms(a.cap_gemms)
     cap = " | old MHz | old J" if a.at_cap else ""
     print(f"| pass | hdim | mask | seqlen | old TFLOP/s{cap} | "
           + " | ".join(f"{n} TFLOP/s | {n} / old" + (f" | {n} MHz | {n} J / old J" if a.at_cap else "") + f" | {n} max diff"

@@ -34,6 +34,20 @@ from kernel_sweep import impls, load_fa4  # noqa: E402
 from training.telemetry.gpu import GpuTelemetry  # noqa: E402
 
 
+def step_gemms(count: int):
+    """A callable running `count` (16384 x 2048) x (2048 x 8192) bf16 GEMMs -- a step's MLP-sized products, as
+    between two attention layers -- or None for count 0."""
+    if count <= 0:
+        return None
+    x = torch.randn(16384, 2048, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(8192, 2048, device="cuda", dtype=torch.bfloat16)
+
+    def gemm():
+        for _ in range(count):
+            torch.mm(x, w.t())
+    return gemm
+
+
 def run_turn(fb, gemm, seconds: float, telemetry) -> dict:
     """Calls of fb() (after gemm() if given) for `seconds`; medians over the second half."""
     events = []
@@ -79,12 +93,7 @@ def main(argv=None) -> int:
         if fa4 is None:
             raise SystemExit(f"--impls fa4: FlashAttention-4 is not importable ({what})")
     fns = impls(causal, fa4=fa4)
-    x = torch.randn(16384, 2048, device="cuda", dtype=torch.bfloat16)  # a step's MLP-sized GEMM
-    w = torch.randn(8192, 2048, device="cuda", dtype=torch.bfloat16)
-
-    def gemm():
-        for _ in range(args.gemms):
-            torch.mm(x, w.t())
+    gemm = step_gemms(args.gemms)
 
     def fb_of(fn):
         return lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout)
