@@ -51,18 +51,35 @@ inline int sm_count() {
     return n;
 }
 
-// Heads interleaved per group in the Hopper kernels' tile order (grid_order.h): 16 under a causal mask
-// (windowed or not), 2 otherwise. Causal blocks are unequal, so the order is a list schedule whose tail
-// is the last group's heaviest blocks: with few blocks per head (short sequences) groups of 2 end ~7%
-// over the ideal in a greedy model of 132 SMs, groups of 16 within ~2%. Against 2 (H200, one process):
-// causal forward +1% to +4% and backward +0.5% to +3.4% at 512-4k, -1% to +3% from 8k; causal windows
-// mostly +1% to +2%; 8 gains less and 32 loses at 4k-8k. Without a mask all blocks are equal and more
-// heads in flight only spread the blocks over more tensors in L2 (16: non-causal -1% to -3%).
-inline int head_group(const Flash_fwd_params &p) {
-    return p.is_causal ? 16 : 2;
-}
-
 enum Pass { kFwd = 0, kBwd = 1 };
+
+// Heads interleaved per group in the Hopper kernels' tile order (grid_order.h).
+// - Causal: causal blocks are unequal, so the order is a list schedule whose tail is the last group's
+//   heaviest blocks. With few blocks per head (short sequences) groups of 2 end ~7% over the ideal in a
+//   greedy model of 132 SMs, groups of 16 within ~2%: against 2, causal forward +1% to +4% and backward
+//   +0.5% to +3.4% at 512-4k (H200, one process); 8 gains less and 32 loses at 4k-8k.
+// - Long causal sequences: the group's streamed tensors are kept within 32 MiB of the 50 MiB L2, the
+//   group halved from 16 down to 2 until they fit: the forward streams K and V (4 * s_k * d bytes a
+//   head), the backward Q, dO and the fp32 dQ accumulator (8 * s_q * d bytes a head). At head dim 128
+//   that is 16 / 8 / 4 heads at 4k / 8k / 16k keys forward, 8 / 4 / 2 backward. Beyond L2 the blocks
+//   in flight re-read their heads' tensors from HBM: in bursts at full clock that costs nothing
+//   (within 0.7% of 16), but at the power cap, where a training step runs, the energy lowers the
+//   clock. Against 16, calls back to back at the cap (H200, one process, dev/ab_builds.py --at-cap):
+//   forward +2.5% / +3.6% at 8k / 16k (head dim 128), +3.7% at 16k (64); backward +2.5% / +3.6% /
+//   +5.1% at 4k / 8k / 16k (128), +0.9% / +4.4% at 8k / 16k (64), 2-5% fewer joules a call. Of the
+//   rules tried (16 or 32 MiB of K and V in both passes, 2 heads from 8k keys) these were each pass's best.
+//   Grouped-query heads share K and V, so the forward's count is conservative there.
+// - Causal windows: 16 (a window bounds the tensors a block reads; against 2 mostly +1% to +2%).
+// - No mask: all blocks are equal and more heads in flight only spread them over more tensors in L2
+//   (16: -1% to -3%): 2.
+inline int head_group(const Flash_fwd_params &p, Pass pass) {
+    if (!p.is_causal) return 2;
+    if (has_window(p)) return 16;
+    const long long bytes_per_head = pass == kFwd ? 4LL * p.seqlen_k * p.d : 8LL * p.seqlen_q * p.d;
+    int group = 16;
+    while (group > 2 && group * bytes_per_head > (32LL << 20)) group /= 2;
+    return group;
+}
 
 // The Hopper kernel for this launch? (Head dims 64 and 128, forward and backward.) The table's
 // choice (0: FA2), else (-1) the measured default: the Hopper family everywhere (with its tiled dQ

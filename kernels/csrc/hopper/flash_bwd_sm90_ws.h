@@ -580,7 +580,7 @@ bool run_flash_bwd_sm90_ws(Flash_bwd_params &params, cudaStream_t stream) {
                                 params.dk_head_stride, params.dk_batch_stride, 64) &&
                   make_tile_map(&maps.dv, params.dv_ptr, bf16, D, k_rows, params.h, batch, params.dv_row_stride,
                                 params.dv_head_stride, params.dv_batch_stride, 64);
-    const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_k, kBwsBN), head_group(params));
+    const dim3 grid = flash::tile_grid(params, flash::cdiv(params.seqlen_k, kBwsBN), head_group(params, kBwd));
     const bool is_even = !varlen && params.seqlen_q % BwsSmem<D>::BM == 0 && params.seqlen_k % kBwsBN == 0;
     const bool pingpong = pingpong_backward(D, params.is_causal, params.seqlen_q, params.seqlen_k);
     auto launch = [&](auto kernel, int smem) {

@@ -566,7 +566,7 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
         return false;
     maps.o_ok = make_tile_map(&maps.o, params.o_ptr, bf16, D, q_rows, params.h, batch, params.o_row_stride,
                               params.o_head_stride, params.o_batch_stride, 64);
-    const dim3 order = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM<NC>), head_group(params));
+    const dim3 order = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM<NC>), head_group(params, kFwd));
     FwdTiles tiles{int(order.x), int(order.y), int(order.x * order.y * order.z), nullptr};
     int ctas = tiles.num_tiles;
     // A windowed call's blocks are unequal: no strided schedule (FwdTiles); the list schedule where the
