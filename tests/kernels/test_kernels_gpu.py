@@ -228,11 +228,14 @@ def test_deterministic_backward(d, causal):
 
 
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("shape", [(3, 16, 16, 384, 384), (5, 7, 7, 333, 333)], ids=["48heads", "35heads"])
+@pytest.mark.parametrize("shape", [(3, 16, 16, 384, 384), (5, 7, 7, 333, 333), (1, 8, 8, 8000, 8000)],
+                         ids=["48heads", "35heads", "8heads_8000"])
 def test_causal_head_groups(shape, d):
-    """Causal Hopper grids interleave 16 heads a group (hopper/dispatch.h head_group): 48 heads are three
-    groups, 35 lower the group to 7. Every block of every head runs, and the deterministic backward's
-    in-order dQ additions still find the lower key blocks started first."""
+    """Causal Hopper grids interleave up to 16 heads a group (hopper/dispatch.h head_group): 48 heads are
+    three groups, 35 lower the group to 7; at 8000 tokens a group's tensors are kept within L2, so the
+    head-dim-128 backward runs 4 heads a group (two groups; its forward and head dim 64 one group of 8).
+    Every block of every head runs, and the deterministic backward's in-order dQ additions still find the
+    lower key blocks started first."""
     run_dense(*shape, d, torch.float16, True, deterministic=True)
     run_dense(*shape, d, torch.bfloat16, True)
 
