@@ -16,9 +16,8 @@
 // groups: G = 2 ends ~7% over the ideal at 1k-2k tokens, G = 16 ~2%. Measured: the Hopper kernels (one
 // CTA per SM, the model's case) gain up to 10% at batch 1, causal 8k, with G = 2 (H100), and 0.5-4%
 // more at 512-4k with G = 16 under a causal mask (H200; hopper/dispatch.h head_group, which also keeps
-// a group's tensors within L2 at long sequences); for the FA2
-// kernels (several CTAs per SM) it is mixed (head dim 64 causal 1k backward -11%), so they keep
-// G = 1. Each launch passes its G.
+// a group's tensors within L2 at long sequences); for the FA2 kernels (several CTAs per SM) it is mixed
+// (head dim 64 causal 1k backward -11%), so they keep G = 1. Each launch passes its G.
 //
 // One grid shape covers both: grid (G, blocks, batch * heads / G), launch order x fastest, so
 // (batch * head) = z * G + x and block = y. Block-major is G = 1, head-major is G = batch * heads.
