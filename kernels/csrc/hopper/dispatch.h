@@ -71,9 +71,11 @@ enum Pass { kFwd = 0, kBwd = 1 };
 //   Grouped-query heads share K and V, so the forward's count is conservative there.
 // - Causal windows: 16 (a window bounds the tensors a block reads; against 2 mostly +1% to +2%).
 // - No mask: all blocks are equal and more heads in flight only spread them over more tensors in L2
-//   (16: -1% to -3%): 2.
+//   (16: -1% to -3% against 2). Forward 1 (block-major): against 2 +1.1% to +1.4% at the power cap at
+//   head dim 128, 4k-16k, and level in bursts (H200); backward 2 (1: level at the cap, -1.3% in
+//   bursts at head dim 64, 1k).
 inline int head_group(const Flash_fwd_params &p, Pass pass) {
-    if (!p.is_causal) return 2;
+    if (!p.is_causal) return pass == kFwd ? 1 : 2;
     if (has_window(p)) return 16;
     const long long bytes_per_head = pass == kFwd ? 4LL * p.seqlen_k * p.d : 8LL * p.seqlen_q * p.d;
     int group = 16;
