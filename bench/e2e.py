@@ -26,6 +26,8 @@ setup's own): ours_compile:train.micro_batch_size=3:train.global_batch_size=9
 An override env.NAME=VALUE sets an environment variable for that setup only, for a setting read while
 the setup builds or runs its trainer (ours:env.FLASHGPT_PEAK_TFLOPS=756: the MFU its log reports against
 an H100 PCIe's peak) or when the step is traced (dynamo is reset around such a setup).
+--rounds R runs the list R times, reversed every other round (A B, B A, ...): each setup's figure is the
+median of its rounds, and each round's ratios are printed, so the board's warming over the run is shared out.
 --micro-batch B runs every setup with B sequences per forward and accum / B micro-batches per
 optimizer step (the same tokens per step).
 Plain steps feed random tokens already on the GPU and time with CUDA events (median of steps after
@@ -203,6 +205,74 @@ def step_end_events(trainer) -> dict:
     return ends
 
 
+
+def run_setup(args, setup: str, n_micro: int, micro: int, run_name: str, trace_dir: Path, profile: bool) -> dict:
+    """One setup's timed steps (and profiled step): our trainer's or a plain-PyTorch loop's."""
+    name, *setup_overrides = setup.split(":")
+    env = dict(o[len("env."):].split("=", 1) for o in setup_overrides if o.startswith("env."))
+    setup_overrides = [o for o in setup_overrides if not o.startswith("env.")]
+    saved_env = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    if env:  # dynamo does not guard on the environment: trace this setup afresh
+        torch._dynamo.reset()
+    row_cfg = load_config(args.config, [*args.overrides, *setup_overrides])  # this row's model shapes
+    if setup.startswith("ours"):
+        parts = set(name.split("_")[1:])
+        if not parts <= {"flash", "sdpa", "compile"} or {"flash", "sdpa"} <= parts:
+            raise SystemExit(f"unknown setup {setup!r}: ours[_flash|_sdpa][_compile]")
+        extra = [f"model.attention={a}" for a in ("flash", "sdpa") if a in parts] + \
+                [f"train.compile={'true' if 'compile' in parts else 'false'}"]
+        r = ours_step_times(args.config, [*args.overrides, *extra, *setup_overrides], args.steps,
+                            args.warmup, n_micro, micro, run_name, trace_dir, profile)
+    else:
+        if setup_overrides:
+            raise SystemExit(f"{setup!r}: overrides apply to our trainer's setups only")
+        r = plain_step_times(row_cfg, name, args.steps, args.warmup, n_micro, micro, trace_dir, profile)
+        r["attention"] = f"sdpa {name.split('_')[1]}"
+    for k, v in saved_env.items():  # this setup's environment variables end with it
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    if env:
+        torch._dynamo.reset()
+    torch.cuda.empty_cache()
+    if not args.keep_traces:
+        for trace in [*trace_dir.glob("*.json"), *trace_dir.glob("*/profile_step_*.json")]:
+            trace.unlink()
+    return r
+
+
+def setup_order(setups: list, rounds: int) -> list:
+    """(round, setup) pairs in run order: the setups as given in even rounds, reversed in odd ones, so
+    the board's drift over the run (it warms, and at the power limit its clock follows) falls on every
+    setup alike."""
+    return [(rnd, s) for rnd in range(rounds) for s in (setups if rnd % 2 == 0 else setups[::-1])]
+
+
+def combine_rounds(results: list) -> dict:
+    """One setup's rounds as one result: the median of the rounds' step times (each already a median
+    over its steps) and of their telemetry; the profile and the attention label of the first round;
+    the peak memory of all."""
+    out = dict(results[0])
+    for key, value in results[0].items():
+        values = [r[key] for r in results if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+        if key in ("attn_share", "mm_share", "kernel_s", "tokens") or len(values) != len(results):
+            continue
+        out[key] = max(values) if key == "mem_gb" else statistics.median(values)
+    return out
+
+
+def print_round_ratios(setups: list, results: dict) -> None:
+    """Per round: each of our setups over the fastest plain setup of that round."""
+    plain = [s for s in setups if not s.startswith("ours")]
+    for rnd in range(len(results[setups[0]])):
+        tok_s = {s: results[s][rnd]["tokens"] / results[s][rnd]["step_s"] for s in setups}
+        best = max(plain, key=tok_s.get) if plain else None
+        ratios = ", ".join(f"{s} {tok_s[s] / tok_s[best]:.3f}" for s in setups if s.startswith("ours")) if best else "-"
+        print(f"[e2e] round {rnd + 1}: vs {best}: {ratios}", flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="gpt_1.3b_8k.yaml")
@@ -219,6 +289,10 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                    help="one more, profiled step per setup for the GPU-time shares (--no-profile: skip it, for "
                         "steps of many micro-batches, whose traces take minutes to write)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the setups this many times, in reversed order every other round (ABBA...), and "
+                        "report the median of each setup's rounds and every round's ratios: a board's drift "
+                        "over the run then falls on every setup alike; the profile runs in the first round")
     p.add_argument("--sustain-s", type=float, default=5.0,
                    help="seconds of GEMMs before timing the power-capped GEMM ceiling")
     p.add_argument("overrides", nargs="*", help="config overrides (key=value): model.* ones set every setup's shapes "
@@ -226,6 +300,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     install_inductor_barrier()  # for the plain compiled setups too (our engine installs it itself)
     cfg = load_config(args.config, args.overrides)  # model.* overrides give every setup the same shapes
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds {args.rounds}: run each setup at least once (1, the default)")
     if args.micro_batch < 1 or args.accum % args.micro_batch:
         raise SystemExit(f"--micro-batch {args.micro_batch} must divide --accum {args.accum}")
     micro, n_micro = args.micro_batch, args.accum // args.micro_batch
@@ -240,41 +316,19 @@ def main(argv=None) -> int:
         telemetry.close()
     trace_dir = args.trace_dir or Path(tempfile.mkdtemp(prefix="e2e_"))
     trace_dir.mkdir(parents=True, exist_ok=True)
+    setups = args.setups.split(",")
+    results = {setup: [] for setup in setups}
+    for rnd, setup in setup_order(setups, args.rounds):
+        r = run_setup(args, setup, n_micro, micro, f"run{rnd}{setups.index(setup)}_{setup.split(':')[0]}",
+                      trace_dir, args.profile and rnd == 0)
+        results[setup].append(r)
+        if args.rounds > 1:
+            print(f"[e2e] round {rnd + 1}: {setup}: {r['tokens'] / r['step_s'] / 1e3:.1f}k tokens/s", flush=True)
     rows = []
-    for setup in args.setups.split(","):
-        name, *setup_overrides = setup.split(":")
-        env = dict(o[len("env."):].split("=", 1) for o in setup_overrides if o.startswith("env."))
-        setup_overrides = [o for o in setup_overrides if not o.startswith("env.")]
-        saved_env = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        if env:  # dynamo does not guard on the environment: trace this setup afresh
-            torch._dynamo.reset()
-        row_cfg = load_config(args.config, [*args.overrides, *setup_overrides])  # this row's model shapes
-        if setup.startswith("ours"):
-            parts = set(name.split("_")[1:])
-            if not parts <= {"flash", "sdpa", "compile"} or {"flash", "sdpa"} <= parts:
-                raise SystemExit(f"unknown setup {setup!r}: ours[_flash|_sdpa][_compile]")
-            extra = [f"model.attention={a}" for a in ("flash", "sdpa") if a in parts] + \
-                    [f"train.compile={'true' if 'compile' in parts else 'false'}"]
-            r = ours_step_times(args.config, [*args.overrides, *extra, *setup_overrides], args.steps,
-                                args.warmup, n_micro, micro, f"run{len(rows)}_{name}", trace_dir, args.profile)
-        else:
-            if setup_overrides:
-                raise SystemExit(f"{setup!r}: overrides apply to our trainer's setups only")
-            r = plain_step_times(row_cfg, name, args.steps, args.warmup, n_micro, micro,
-                                 trace_dir, args.profile)
-            r["attention"] = f"sdpa {name.split('_')[1]}"
-        for k, v in saved_env.items():  # this setup's environment variables end with it
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        if env:
-            torch._dynamo.reset()
-        torch.cuda.empty_cache()
-        if not args.keep_traces:
-            for trace in [*trace_dir.glob("*.json"), *trace_dir.glob("*/profile_step_*.json")]:
-                trace.unlink()
+    for setup in setups:
+        r = combine_rounds(results[setup])
+        row_cfg = load_config(args.config, [*args.overrides, *(o for o in setup.split(":")[1:]
+                                                                if not o.startswith("env."))])
         tokens = r["tokens"]  # per optimizer step, as this setup ran it
         fpt, fpt_causal = row_cfg.model.flops_per_token(), row_cfg.model.flops_per_token(causal_aware=True)
         tok_s = tokens / r["step_s"]
@@ -286,6 +340,8 @@ def main(argv=None) -> int:
         if "gpu_power_capped" in r:  # our trainer's telemetry: why the SM clock sat below its maximum
             print(f"[e2e] {setup}: SM clock held down by the power limit in {100 * r['gpu_power_capped']:.0f}% "
                   f"of busy samples, by thermal limits in {100 * r.get('gpu_thermal_capped', 0):.0f}%", flush=True)
+    if args.rounds > 1:
+        print_round_ratios(setups, results)
     print(f"\n{args.config}: {cfg.model.num_params() / 1e6:.1f}M params, seq {cfg.model.seq_len}, "
           f"{n_micro} x {micro} micro-batches per step | {torch.cuda.get_device_name()} | torch {torch.__version__}"
           f" | traces {trace_dir} | peak {peak_src} | measured bf16 GEMM ceiling {gemm / 1e12:.0f} TFLOP/s"
