@@ -172,7 +172,8 @@ def ours_step_times(config: str, overrides: list, steps: int, warmup: int, accum
     mem = max(r.get("mem_max_alloc_gb") or 0.0 for r in records)  # the trainer resets the peak per log
     timed = [r for r in records if warmup < r["step"] < last]
     power = {k: statistics.median(r[k] for r in timed if k in r)
-             for k in ("gpu_sm_clock_mhz", "gpu_power_w", "gpu_j_per_token", "gpu_power_capped", "gpu_thermal_capped")
+             for k in ("gpu_sm_clock_mhz", "gpu_power_w", "gpu_j_per_token", "gpu_power_capped", "gpu_hw_slowdown",
+                       "gpu_thermal_capped", "gpu_temp_c", "gpu_mem_temp_c")
              if any(k in r for r in timed)}
     # A step's record is written once its values have reached the host, which is at the next step's
     # per-step sync (training/telemetry/metrics.py DeferredScalars): record k's time ~ the end of step k + 1.
@@ -338,8 +339,11 @@ def main(argv=None) -> int:
         print(f"[e2e] {setup}: {tok_s / 1e3:.1f}k tokens/s, {fpt * tok_s / 1e12:.0f} TFLOP/s (paper), {attn_txt}",
               flush=True)
         if "gpu_power_capped" in r:  # our trainer's telemetry: why the SM clock sat below its maximum
+            temps = "".join(f", {label} {r[key]:.0f} C" for key, label in (("gpu_temp_c", "GPU"), ("gpu_mem_temp_c", "HBM"))
+                            if key in r)
             print(f"[e2e] {setup}: SM clock held down by the power limit in {100 * r['gpu_power_capped']:.0f}% "
-                  f"of busy samples, by thermal limits in {100 * r.get('gpu_thermal_capped', 0):.0f}%", flush=True)
+                  f"of busy samples, by hardware slowdown in {100 * r.get('gpu_hw_slowdown', 0):.0f}%, by thermal "
+                  f"limits in {100 * r.get('gpu_thermal_capped', 0):.0f}%{temps}", flush=True)
     if args.rounds > 1:
         print_round_ratios(setups, results)
     print(f"\n{args.config}: {cfg.model.num_params() / 1e6:.1f}M params, seq {cfg.model.seq_len}, "

@@ -27,9 +27,11 @@ REASON_HW_SLOWDOWN = 0x8  # thermal or power-brake slowdown by hardware
 REASON_SW_THERMAL = 0x20
 REASON_HW_THERMAL = 0x40
 REASON_HW_POWER_BRAKE = 0x80
-_POWER_LIMITED = REASON_SW_POWER_CAP | REASON_HW_POWER_BRAKE | REASON_HW_SLOWDOWN
+_HW_SLOWDOWN = REASON_HW_SLOWDOWN | REASON_HW_POWER_BRAKE  # the hardware's own clamp, not the power controller
 _THERMAL_LIMITED = REASON_SW_THERMAL | REASON_HW_THERMAL
 NVML_CLOCK_SM = 1
+NVML_TEMPERATURE_GPU = 0
+NVML_FI_DEV_MEMORY_TEMP = 82  # nvml.h field id: HBM temperature, degrees C
 NVML_FI_DEV_POWER_INSTANT = 186  # nvml.h field id: board power now, mW (on the lent H100 it changes ~every 100 ms)
 
 
@@ -81,6 +83,15 @@ class NvmlDevice:
         self._check(self._reasons(self.handle, ctypes.byref(v)), "clock reasons")
         return v.value
 
+    def temperatures_c(self) -> tuple:
+        """(GPU die, HBM) temperature in degrees C; NaN for a reading the driver does not give."""
+        die = ctypes.c_uint()
+        gpu = (float(die.value) if self.lib.nvmlDeviceGetTemperature(self.handle, NVML_TEMPERATURE_GPU,
+                                                                      ctypes.byref(die)) == 0 else float("nan"))
+        fv = _NvmlFieldValue(fieldId=NVML_FI_DEV_MEMORY_TEMP)
+        rc = self.lib.nvmlDeviceGetFieldValues(self.handle, 1, ctypes.byref(fv))
+        return gpu, (float(fv.value.uiVal) if rc == 0 and fv.nvmlReturn == 0 else float("nan"))
+
     def power_instant_w(self) -> float:
         """Board power right now, watts (not the driver's 1 s average); NaN where the field is missing."""
         fv = _NvmlFieldValue(fieldId=NVML_FI_DEV_POWER_INSTANT)
@@ -96,8 +107,13 @@ class GpuTelemetry:
     Keys of `mark()` (an empty dict on the first call, which only starts the interval):
       gpu_sm_clock_mhz    mean SM clock over the busy samples (idle samples left out)
       gpu_power_w         mean board power: energy counter difference / wall time
-      gpu_power_capped    fraction of busy samples whose clock was held down by the power limit
+      gpu_power_capped    fraction of busy samples whose clock the board power limit held down (the
+                          driver's power controller)
+      gpu_hw_slowdown     the same for the hardware's own slowdown (power brake, or a thermal clamp such
+                          as the HBM's): a clock this lowers is not the power limit's
       gpu_thermal_capped  the same for thermal limits
+      gpu_temp_c, gpu_mem_temp_c  mean GPU die and HBM temperature over the busy samples (where the
+                          driver gives them)
       gpu_energy_j        energy since the previous mark, joules
       gpu_j_per_token     gpu_energy_j / tokens, when `mark(tokens=...)` says how many this GPU ran
     """
@@ -106,7 +122,8 @@ class GpuTelemetry:
         self.reader = reader  # NvmlDevice or anything with energy_mj / sm_clock_mhz / reasons
         self.period_s = period_s
         self._lock = threading.Lock()
-        self._sum = self._n = self._power = self._thermal = 0
+        self._sum = self._n = self._power = self._hw = self._thermal = 0
+        self._temps = [0.0, 0, 0.0, 0]  # die sum, die count, HBM sum, HBM count
         self._last: Optional[tuple] = None  # (perf_counter, energy_mj) at the last mark
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpu-telemetry", daemon=True)
@@ -128,11 +145,17 @@ class GpuTelemetry:
         if reasons & REASON_IDLE:
             return  # an idle GPU sits at its lowest clock; it says nothing about the step
         clock = self.reader.sm_clock_mhz()
+        temps = self.reader.temperatures_c() if hasattr(self.reader, "temperatures_c") else ()
         with self._lock:
             self._sum += clock
             self._n += 1
-            self._power += bool(reasons & _POWER_LIMITED)
+            self._power += bool(reasons & REASON_SW_POWER_CAP)
+            self._hw += bool(reasons & _HW_SLOWDOWN)
             self._thermal += bool(reasons & _THERMAL_LIMITED)
+            for i, value in enumerate(temps[:2]):
+                if value == value:  # not NaN
+                    self._temps[2 * i] += value
+                    self._temps[2 * i + 1] += 1
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -144,8 +167,9 @@ class GpuTelemetry:
     def mark(self, tokens: Optional[int] = None) -> Dict[str, float]:
         now, energy = time.perf_counter(), self.reader.energy_mj()
         with self._lock:
-            n, clock, power, thermal = self._n, self._sum, self._power, self._thermal
-            self._sum = self._n = self._power = self._thermal = 0
+            n, clock, power, hw, thermal, temps = self._n, self._sum, self._power, self._hw, self._thermal, self._temps
+            self._sum = self._n = self._power = self._hw = self._thermal = 0
+            self._temps = [0.0, 0, 0.0, 0]
         last, self._last = self._last, (now, energy)
         if last is None or now <= last[0]:
             return {}
@@ -154,7 +178,11 @@ class GpuTelemetry:
         if tokens:
             out["gpu_j_per_token"] = joules / tokens
         if n:
-            out.update(gpu_sm_clock_mhz=clock / n, gpu_power_capped=power / n, gpu_thermal_capped=thermal / n)
+            out.update(gpu_sm_clock_mhz=clock / n, gpu_power_capped=power / n, gpu_hw_slowdown=hw / n,
+                       gpu_thermal_capped=thermal / n)
+        for key, (total, count) in (("gpu_temp_c", temps[:2]), ("gpu_mem_temp_c", temps[2:])):
+            if count:
+                out[key] = total / count
         return out
 
     def close(self) -> None:
