@@ -206,7 +206,6 @@ def step_end_events(trainer) -> dict:
     return ends
 
 
-
 def run_setup(args, setup: str, n_micro: int, micro: int, run_name: str, trace_dir: Path, profile: bool) -> dict:
     """One setup's timed steps (and profiled step): our trainer's or a plain-PyTorch loop's."""
     name, *setup_overrides = setup.split(":")
@@ -256,7 +255,7 @@ def combine_rounds(results: list) -> dict:
     over its steps) and of their telemetry; the profile and the attention label of the first round;
     the peak memory of all."""
     out = dict(results[0])
-    for key, value in results[0].items():
+    for key in results[0]:
         values = [r[key] for r in results if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
         if key in ("attn_share", "mm_share", "kernel_s", "tokens") or len(values) != len(results):
             continue
