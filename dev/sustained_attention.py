@@ -1,4 +1,5 @@
-"""Attention forward+backward under sustained load: the regime a training step runs in.
+"""Attention forward+backward (or the forward alone, `--pass fwd`) under sustained load: the regime a
+training step runs in.
 
 A 1.3B-8k training step holds an H100 at its 700 W board limit, and the GPU lowers its SM clock to
 stay there (1.47-1.68 GHz against 1.98 GHz for a kernel timed alone). The kernel sweep
@@ -15,7 +16,7 @@ second half of each turn's calls (steady clock). TFLOP/s: 4·b·h·s²·d per fo
 causal), f+b = 3.5 x forward. Needs NVML (the driver's libnvidia-ml) for clock and power.
 
     python dev/sustained_attention.py [--hdim 128] [--seqlen 8192] [--batch 2] [--heads 16] [--causal 1]
-        [--impls ours cudnn flash fa4]   # fa4: FlashAttention-4 where flash_attn.cute imports
+        [--impls ours cudnn flash fa4] [--pass fwd]   # fa4: FlashAttention-4 where flash_attn.cute imports
 """
 from __future__ import annotations
 
@@ -81,6 +82,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--gemms", type=int, default=6, help="GEMMs before each call in the loaded mode; 0: skip it")
     ap.add_argument("--impls", nargs="+", default=["ours", "cudnn", "flash"])
+    ap.add_argument("--pass", dest="which", choices=["fb", "fwd"], default="fb",
+                    help="time forward+backward calls, or forward calls alone (no autograd graph)")
     args = ap.parse_args(argv)
 
     b, s, h, d, causal = args.batch, args.seqlen, args.heads, args.hdim, bool(args.causal)
@@ -96,6 +99,11 @@ def main(argv=None) -> int:
     gemm = step_gemms(args.gemms)
 
     def fb_of(fn):
+        if args.which == "fwd":
+            def fwd():
+                with torch.no_grad():
+                    fn(q, k, v)
+            return fwd
         return lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout)
 
     telemetry = GpuTelemetry.open(torch.device("cuda"))
@@ -110,11 +118,12 @@ def main(argv=None) -> int:
     if telemetry is not None:
         telemetry.close()
 
-    flops = 3.5 * 4 * b * h * s * s * d / (2 if causal else 1)
-    print(f"\nsustained f+b, {torch.cuda.get_device_name()}, torch {torch.__version__}: b{b} s{s} h{h} d{d} "
+    flops = (1 if args.which == "fwd" else 3.5) * 4 * b * h * s * s * d / (2 if causal else 1)
+    what = "forward" if args.which == "fwd" else "f+b"
+    print(f"\nsustained {what}, {torch.cuda.get_device_name()}, torch {torch.__version__}: b{b} s{s} h{h} d{d} "
           f"causal={causal}, {args.rounds} rounds x {args.seconds:g} s per candidate"
           + ("" if telemetry else " (no NVML: clock and power not shown)"))
-    print("| candidate | load | f+b ms (median) | TFLOP/s | vs cudnn | SM MHz | board W | J per f+b (alone) |")
+    print(f"| candidate | load | {what} ms (median) | TFLOP/s | vs cudnn | SM MHz | board W | J per {what} (alone) |")
     print("|---|---|---|---|---|---|---|---|")
     for mode, _ in modes:
         base = statistics.median(r["ms"] for r in results.get(("cudnn", mode), [{"ms": float("nan")}]))
