@@ -206,11 +206,16 @@ def step_end_events(trainer) -> dict:
     return ends
 
 
+def parse_setup(setup: str) -> tuple:
+    """name:override:env.NAME=VALUE:... -> (name, its config overrides, its environment variables)."""
+    name, *parts = setup.split(":")
+    env = dict(o[len("env."):].split("=", 1) for o in parts if o.startswith("env."))
+    return name, [o for o in parts if not o.startswith("env.")], env
+
+
 def run_setup(args, setup: str, n_micro: int, micro: int, run_name: str, trace_dir: Path, profile: bool) -> dict:
     """One setup's timed steps (and profiled step): our trainer's or a plain-PyTorch loop's."""
-    name, *setup_overrides = setup.split(":")
-    env = dict(o[len("env."):].split("=", 1) for o in setup_overrides if o.startswith("env."))
-    setup_overrides = [o for o in setup_overrides if not o.startswith("env.")]
+    name, setup_overrides, env = parse_setup(setup)
     saved_env = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     if env:  # dynamo does not guard on the environment: trace this setup afresh
@@ -327,8 +332,7 @@ def main(argv=None) -> int:
     rows = []
     for setup in setups:
         r = combine_rounds(results[setup])
-        row_cfg = load_config(args.config, [*args.overrides, *(o for o in setup.split(":")[1:]
-                                                                if not o.startswith("env."))])
+        row_cfg = load_config(args.config, [*args.overrides, *parse_setup(setup)[1]])  # this row's model shapes
         tokens = r["tokens"]  # per optimizer step, as this setup ran it
         fpt, fpt_causal = row_cfg.model.flops_per_token(), row_cfg.model.flops_per_token(causal_aware=True)
         tok_s = tokens / r["step_s"]
