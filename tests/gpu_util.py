@@ -266,15 +266,15 @@ def _bwd_schedule(name: str) -> str:
 
 def forward_key_tile(name: str) -> int:
     """Keys per K/V tile of a Hopper forward kernel, from its name: its template arguments are
-    <T, D, NC, Is_causal, Is_even, Short_first, Strided, Is_local, Wide>, Wide meaning 160 keys, else
-    128; AssertionError naming the kernel when that cannot be read."""
+    <T, D, NC, Is_causal, Is_even, Short_first, Is_local, Wide>, Wide meaning 160 keys, else 128;
+    AssertionError naming the kernel when that cannot be read."""
     ident = KERNEL_FAMILIES["hopper_fwd"]
     args = _template_args(name, ident)
     if args is not None:  # a defaulted Wide (false) may be left out of a demangled name
-        wide = args[8] if len(args) == 9 else "false" if len(args) >= 5 else ""
-    else:  # mangled: every argument is there, Wide the sixth bool
+        wide = args[7] if len(args) == 8 else "false" if len(args) >= 5 else ""
+    else:  # mangled: every argument is there, Wide the fifth bool
         bools = _mangled_bools(name, ident)
-        wide = bools[5] if len(bools) == 6 else ""
+        wide = bools[4] if len(bools) == 5 else ""
     if wide in _TRUE:
         return 160
     if wide in _FALSE:

@@ -99,4 +99,4 @@ void set_sm90_choice(int pass, int head_dim, bool causal, int bucket, int choice
 int sm90_choice(int pass, int head_dim, bool causal, int bucket);
 // Whether the forward for this shape runs the persistent Hopper kernel, which needs params.tile_counter
 // (hopper/dispatch.cu: the dispatch of hopper/dispatch.h, for the binding).
-bool fwd_needs_tile_counter(int head_dim, bool causal, int seqlen_k, bool varlen);
+bool fwd_needs_tile_counter(int head_dim, bool causal, int seqlen_k);

@@ -135,7 +135,7 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
                     softmax_scale, causal, window_left, window_right);
     cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
     at::Tensor captured_counter;  // while a CUDA graph is captured: a zeroed pair per call, in the graph
-    if (fwd_needs_tile_counter(params.d, causal, params.seqlen_k, params.cu_seqlens_q != nullptr)) {
+    if (fwd_needs_tile_counter(params.d, causal, params.seqlen_k)) {
         cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
         C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
         if (capture == cudaStreamCaptureStatusNone) {

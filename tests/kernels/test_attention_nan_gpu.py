@@ -76,7 +76,7 @@ def _compare(out, lse, inputs, dout, ref_fn, flash_grads_fn):
 
 
 # (seqlen_q, seqlen_k): 1, 2, 5, 17 keys; 77 and 130 queries reach the TMA backward (its dQ tiles fit);
-# 2241 keys, the strided forward's 160-key tiles with a last tile of one key at head dim 128.
+# 2241 keys, the forward's 160-key tiles with a last tile of one key at head dim 128.
 DENSE = [(1, 1), (17, 2), (77, 5), (130, 17), (77, 1), (130, 2), (130, 2241)]
 
 

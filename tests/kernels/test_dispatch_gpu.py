@@ -92,9 +92,9 @@ def test_each_path_launches_its_kernels(name, sq, d, causal):
 
 @hopper_only
 @pytest.mark.parametrize("sk,keys", [(1024, 128), (2047, 128), (2048, 160), (3001, 160)])
-def test_strided_forward_key_tiles(sk, keys):
-    """The head-dim-128 forward without a causal mask (the strided kernel) runs 160-key tiles from 2048
-    keys, 128 below (csrc/hopper/dispatch.h wide_key_tiles)."""
+def test_forward_key_tiles(sk, keys):
+    """The head-dim-128 forward without a causal mask runs 160-key tiles from 2048 keys, 128 below
+    (csrc/hopper/dispatch.h wide_key_tiles)."""
     torch.manual_seed(next(_seed))
     q = torch.randn(2, 300, 4, 128, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, sk, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))

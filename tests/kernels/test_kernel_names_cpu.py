@@ -55,7 +55,7 @@ def test_families_and_their_neighbours():
     assert kernel_families(names[1:2]) == {"fa2_bwd"}
 
 
-FWD = "void flash::sm90::flash_fwd_sm90_ws_kernel<__nv_bfloat16, 128, 2, false, {e}, false, true, false{w}>(" \
+FWD = "void flash::sm90::flash_fwd_sm90_ws_kernel<__nv_bfloat16, 128, 2, false, {e}, false, false{w}>(" \
       "Flash_fwd_params, flash::sm90::FwdTmaMaps, flash::sm90::FwdTiles)"
 
 
@@ -67,7 +67,7 @@ def test_demangled_forward_key_tile(even):
 
 
 def test_mangled_forward_key_tile():
-    name = ("_ZN5flash4sm9024flash_fwd_sm90_ws_kernelI13__nv_bfloat16Li128ELi2ELb0ELb1ELb0ELb1ELb0ELb{}EEEv16"
+    name = ("_ZN5flash4sm9024flash_fwd_sm90_ws_kernelI13__nv_bfloat16Li128ELi2ELb0ELb1ELb0ELb0ELb{}EEEv16"
             "Flash_fwd_paramsNS0_10FwdTmaMapsENS0_8FwdTilesE")
     assert forward_key_tile(name.format(1)) == 160
     assert forward_key_tile(name.format(0)) == 128

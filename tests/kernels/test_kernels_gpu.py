@@ -133,7 +133,7 @@ def test_ragged_lengths_in_turns(shape, d, dtype, causal):
     run_dense(*shape, d, dtype, causal)
 
 
-# The strided Hopper forward's 160-key tiles (head dim 128, no causal mask, from 2048 keys;
+# The Hopper forward's 160-key tiles (head dim 128, no causal mask, from 2048 keys;
 # csrc/hopper/dispatch.h wide_key_tiles): keys a multiple of 160 (no tile masked), a last tile of one
 # key with fewer queries than keys and GQA, and more queries than keys.
 @pytest.mark.parametrize("dtype", DTYPES)

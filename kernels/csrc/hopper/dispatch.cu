@@ -36,7 +36,6 @@ void set_sm90_choice(int pass, int head_dim, bool causal, int bucket, int choice
 
 int sm90_choice(int pass, int head_dim, bool causal, int bucket) { return slot(pass, head_dim, causal, bucket); }
 
-bool fwd_needs_tile_counter(int head_dim, bool causal, int seqlen_k, bool varlen) {
-    return flash::sm90::use(flash::sm90::kFwd, head_dim, causal, seqlen_k) &&
-           !flash::sm90::strided_forward(head_dim, causal, varlen);
+bool fwd_needs_tile_counter(int head_dim, bool causal, int seqlen_k) {
+    return flash::sm90::use(flash::sm90::kFwd, head_dim, causal, seqlen_k);
 }

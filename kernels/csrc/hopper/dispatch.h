@@ -25,20 +25,11 @@ inline bool enabled() {
 #endif
 }
 
-// The persistent TMA forward without a tile counter -- CTA i takes tiles i, i + CTAs, ... -- where
-// all tiles are equal: head dim 128 with no causal mask and no packed sequences. No atomic between
-// tiles: +0.5% at 512 keys (H100). Not at head dim 64, whose last block of a sequence is cheaper than
-// the others (the counter's list schedule balances it; strided: -5%), nor under a causal mask.
-inline bool strided_forward(int head_dim, bool causal, bool varlen) {
-    return head_dim == 128 && !causal && !varlen;
-}
-
-// The strided forward's key tiles: 160 keys from 2048 keys, 128 below (flash_fwd_sm90_ws.h Wide; a
-// K / V ring of 2 x 2 x 40 KB beside the two 32 KB Q buffers). A step over 160 keys spreads its fixed
-// work (the turn, the maxima's shuffles, O's rescale, the ring's barriers) over 25% more keys. Against
-// 128 keys at every length (H200, one process, both orders): +0.4% to +0.8% at 2k-8k, +2.1% at 16k;
-// +0.6% to +1.1% where 160 divides the keys (1920-16000); below 2k the last tile's padding costs (1k -6%,
-// 512 -15%). 144-key tiles gained nothing (-1% to +0.6% from 2k).
+// The head-dim-128 forward's key tiles without a causal mask, window or packed sequences: 160 keys
+// from 2048 keys, 128 below (flash_fwd_sm90_ws.h Wide; a K / V ring of 2 x 2 x 40 KB beside the two
+// 32 KB Q buffers). A step over 160 keys spreads its fixed work (the turn, the maxima's shuffles, O's
+// rescale, the ring's barriers) over 25% more keys; below 2048 keys the last tile's padding costs more
+// than that saves (1k -6%, 512 -15%). Figures: docs/kernels.md, "160-key tiles".
 inline bool wide_key_tiles(int seqlen_k) { return seqlen_k >= 2048; }
 
 // Streaming multiprocessors of the current device (read once per process and device ordinal).

@@ -25,7 +25,7 @@
 // TMA store, freeing the buffer (q_empty) once the store has read it. No CTA start-up, barrier setup
 // or epilogue stands between two tiles of an SM.
 // Shared memory (128B-swizzled, wgmma.h): 2 x Q 64 NC x D, kStages x (K, V) BN x D (BN = 128 keys,
-// 160 in the strided kernel's wide tiles), the barriers, the two tiles, decoded by the producer.
+// 160 in the wide tiles: wide_key_tiles), the barriers, the two tiles, decoded by the producer.
 #pragma once
 #include <algorithm>
 #include <type_traits>
@@ -52,10 +52,7 @@ struct FwdTmaMaps {
 // grid_order.h's grid (group, num_blocks, bh / group), x fastest. CTA i starts with tile i; with a
 // counter (persistent launch, one CTA per SM) each CTA then takes tile gridDim.x + atomicAdd(counter, 1)
 // until the list is done (exactly num_tiles fetches per launch: each CTA's last one fails) -- the same list schedule as a launch of num_tiles CTAs, without a CTA's
-// start-up and epilogue between tiles. Without one (counter == nullptr) every CTA runs one tile --
-// except the Strided kernels (head dim 128 without a causal mask or packed sequences, where all
-// tiles are equal), whose CTA i, one per SM, takes tiles i, i + gridDim.x, ...: no counter to zero
-// before the launch and no atomic between tiles.
+// start-up and epilogue between tiles. Without one (counter == nullptr) every CTA runs one tile.
 struct FwdTiles {
     int group, num_blocks, num_tiles;
     // [0] the next tile - gridDim.x, [1] CTAs past the list; both zero at launch, and the last CTA past
@@ -120,7 +117,7 @@ __device__ __forceinline__ KeyRange local_key_range(const Flash_fwd_params &p, i
 template <int NC> constexpr int kWsThreads = 128 * (1 + NC);
 template <int NC> constexpr int kWsBM = 64 * NC;  // query rows per tile
 constexpr int kWsBN = 128;                        // keys per K/V tile
-constexpr int kWsBNWide = 160;                    // the strided kernel's wide tiles (wide_key_tiles)
+constexpr int kWsBNWide = 160;                    // wide tiles (dispatch.h wide_key_tiles)
 constexpr int ws_keys(bool wide) { return wide ? kWsBNWide : kWsBN; }
 // setmaxnreg moves registers within the CTA's pool as allocated at launch (threads x the launch bound's
 // per-thread count), not the SM's 64K: 128 x 24 + 256 x 240 = 384 x 168; 128 x 24 + 384 x 160 <= 512 x 128.
@@ -140,9 +137,9 @@ constexpr int kWsSmemBytes = kWsBarrierOffset<D, NC, BN> + (2 * kWsQBufs + 4 * k
 // Is_local: a local window (flash.h) -- each block loads and runs only the key tiles its band reaches
 // (local_key_range), and the softmax masks the tiles across the band's edges (FwdRowState::mask_window).
 // A separate instantiation, so the kernels of calls without a window keep their code.
-// Wide: 160-key K/V tiles (kWsBNWide), in the strided kernel only (dispatch.h wide_key_tiles).
-template <typename T, int D, int NC, bool Is_causal, bool Is_even, bool Short_first = false,
-          bool Strided = false, bool Is_local = false, bool Wide = false>
+// Wide: 160-key K/V tiles (kWsBNWide), head dim 128 without a mask or window (dispatch.h wide_key_tiles).
+template <typename T, int D, int NC, bool Is_causal, bool Is_even, bool Short_first = false, bool Is_local = false,
+          bool Wide = false>
 __global__ void __launch_bounds__(kWsThreads<NC>, 1)
     flash_fwd_sm90_ws_kernel(const __grid_constant__ Flash_fwd_params params, const __grid_constant__ FwdTmaMaps maps,
                              const FwdTiles tiles) {
@@ -150,10 +147,9 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
     constexpr int BM = kWsBM<NC>, BN = ws_keys(Wide), S = kWsStages<D>;
     constexpr bool kShortFirst = Short_first;  // block layout: block_rows
     static_assert(!Short_first || (NC == 3 && Is_causal), "the short-first layout is for 192-row causal blocks");
-    static_assert(!Strided || (D == 128 && !Is_causal), "the strided schedule is for equal tiles (FwdTiles)");
-    static_assert(!Wide || Strided, "wide key tiles in the strided kernel only");
+    static_assert(!Wide || (D == 128 && !Is_causal && !Is_local), "wide key tiles without a mask or window only");
     static_assert(kWsSmemBytes<D, NC, BN> <= 227 * 1024, "shared memory per block");
-    static_assert(!Is_local || (!Short_first && !Strided && !Is_even),
+    static_assert(!Is_local || (!Short_first && !Is_even),
                   "a local window runs the ragged layout with blocks at multiples of BM and the list schedule");
     constexpr int kTile = kWsTileBytes<D, BN>, kQTile = kWsQTileBytes<D, NC>;
     constexpr int kAtomCols = D / 64;  // TMA boxes per tile (64 columns each)
@@ -208,17 +204,15 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
                 if (linear >= tiles.num_tiles) {
                     tile_info[4 * qb] = -1;
                     mbar_arrive_if(q_full + 8 * qb, true);
-                    if constexpr (!Strided) {
-                        // The last CTA past the list puts the counter back to zero for the next
-                        // launch on this stream (no memset before each launch). This CTA's last fetch
-                        // is done (its value was read above); every other CTA's too once the count of
-                        // CTAs past the list reaches gridDim.x.
-                        if (tiles.counter != nullptr) {
-                            __threadfence();
-                            if (atomicAdd(tiles.counter + 1, 1) == int(gridDim.x) - 1) {
-                                atomicExch(tiles.counter, 0);
-                                atomicExch(tiles.counter + 1, 0);
-                            }
+                    // The last CTA past the list puts the counter back to zero for the next launch
+                    // on this stream (no memset before each launch). This CTA's last fetch is done (its
+                    // value was read above); every other CTA's too once the count of CTAs past the
+                    // list reaches gridDim.x.
+                    if (tiles.counter != nullptr) {
+                        __threadfence();
+                        if (atomicAdd(tiles.counter + 1, 1) == int(gridDim.x) - 1) {
+                            atomicExch(tiles.counter, 0);
+                            atomicExch(tiles.counter + 1, 0);
                         }
                     }
                     break;
@@ -276,11 +270,7 @@ __global__ void __launch_bounds__(kWsThreads<NC>, 1)
                         }
                     }
                 }
-                if constexpr (Strided) {
-                    linear += int(gridDim.x);
-                } else {
-                    linear = tiles.counter != nullptr ? int(gridDim.x) + atomicAdd(tiles.counter, 1) : tiles.num_tiles;
-                }
+                linear = tiles.counter != nullptr ? int(gridDim.x) + atomicAdd(tiles.counter, 1) : tiles.num_tiles;
             }
         }
         return;
@@ -554,8 +544,7 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
     const int64_t q_rows = varlen ? params.total_q : params.seqlen_q, k_rows = varlen ? params.total_k : params.seqlen_k;
     FwdTmaMaps maps;
     const bool local = has_window(params);
-    const bool strided = !local && strided_forward(D, Is_causal, varlen);
-    const bool wide = strided && wide_key_tiles(params.seqlen_k);
+    const bool wide = D == 128 && !Is_causal && !local && !varlen && wide_key_tiles(params.seqlen_k);
     const int bn = ws_keys(wide);
     if (!make_tile_map(&maps.q, params.q_ptr, bf16, D, q_rows, params.h, batch, params.q_row_stride,
                        params.q_head_stride, params.q_batch_stride, kWsBM<NC>) ||
@@ -569,11 +558,9 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
     const dim3 order = flash::tile_grid(params, flash::cdiv(params.seqlen_q, kWsBM<NC>), head_group(params, kFwd));
     FwdTiles tiles{int(order.x), int(order.y), int(order.x * order.y * order.z), nullptr};
     int ctas = tiles.num_tiles;
-    // A windowed call's blocks are unequal: no strided schedule (FwdTiles); the list schedule where the
-    // binding gave a tile counter (fwd_needs_tile_counter), else one CTA per tile.
-    if (strided) {
-        ctas = std::min(ctas, sm_count());
-    } else if (params.tile_counter != nullptr) {  // one CTA per SM walks the list
+    // The list schedule where the binding gave a tile counter (fwd_needs_tile_counter), else one CTA
+    // per tile.
+    if (params.tile_counter != nullptr) {  // one CTA per SM walks the list
         ctas = std::min(ctas, sm_count());
         tiles.counter = params.tile_counter;  // zero, as every launch leaves it
     }
@@ -581,7 +568,7 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
     // are zero-filled by the TMA and never stored, so seqlen_q need not be a multiple of BM).
     const bool is_even = !varlen && params.seqlen_k % bn == 0;
     if (local) {  // one instantiation: ragged, blocks at multiples of BM (Is_local's static_assert)
-        auto kernel = &flash_fwd_sm90_ws_kernel<T, D, NC, Is_causal, false, false, false, true>;
+        auto kernel = &flash_fwd_sm90_ws_kernel<T, D, NC, Is_causal, false, false, true>;
         FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               kWsSmemBytes<D, NC>));
         kernel<<<ctas, kWsThreads<NC>, kWsSmemBytes<D, NC>, stream>>>(params, maps, tiles);
@@ -589,10 +576,10 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
         return true;
     }
     BOOL_SWITCH(is_even, Is_even, [&] {
-        auto launch = [&](auto short_first, auto strided_tag, auto wide_tag) {
+        auto launch = [&](auto short_first, auto wide_tag) {
             constexpr bool kWide = decltype(wide_tag)::value;
             auto kernel = &flash_fwd_sm90_ws_kernel<T, D, NC, Is_causal, Is_even, decltype(short_first)::value,
-                                                    decltype(strided_tag)::value, false, kWide>;
+                                                    false, kWide>;
             constexpr int smem = kWsSmemBytes<D, NC, ws_keys(kWide)>;
             FLASH_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
             kernel<<<ctas, kWsThreads<NC>, smem, stream>>>(params, maps, tiles);
@@ -602,21 +589,17 @@ bool launch_fwd_ws(Flash_fwd_params &params, cudaStream_t stream) {
         // kShortFirstMaxRows rows (varlen: seqlen_q is the longest); otherwise blocks at multiples of BM.
         if constexpr (NC == 3 && Is_causal) {
             if (params.seqlen_q <= kShortFirstMaxRows) {
-                launch(std::true_type{}, std::false_type{}, std::false_type{});
+                launch(std::true_type{}, std::false_type{});
                 return;
             }
         }
         if constexpr (D == 128 && !Is_causal) {
-            if (strided) {
-                if (wide) {
-                    launch(std::false_type{}, std::true_type{}, std::true_type{});
-                } else {
-                    launch(std::false_type{}, std::true_type{}, std::false_type{});
-                }
+            if (wide) {
+                launch(std::false_type{}, std::true_type{});
                 return;
             }
         }
-        launch(std::false_type{}, std::false_type{}, std::false_type{});
+        launch(std::false_type{}, std::false_type{});
     });
     return true;
 }

@@ -16,7 +16,7 @@ namespace sm90 {
 
 // S (64 x BN) = Q K^T: SS wgmma, both K-major; q_base: this warpgroup's 64 rows of the swizzled Q
 // tile (R = 128 rows per atom column), k_base: the swizzled BN x D K tile (BN = 128, or 160 in the
-// strided kernel's wide tiles). Commits one group.
+// wide tiles: dispatch.h wide_key_tiles). Commits one group.
 // kKeys = 64: only the tile's first 64 keys, for a causal diagonal tile whose second half no
 // row of the warpgroup sees. The m64nNk16 accumulator keeps columns 8j + 2t + {0, 1} in s[4j .. 4j + 3],
 // so columns 0..63 are s[0..31] at N = 64 as at N = 128; s[32..63] keep stale values, which the

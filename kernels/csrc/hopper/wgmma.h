@@ -152,7 +152,7 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t des
 }
 
 // D (64 x 160, fp32) (+)= A (64 x 16, smem) * B (16 x 160, smem), both K-major: S = Q K^T over a
-// 160-key tile (the strided forward's wide tiles).
+// 160-key tile (the forward's wide tiles, dispatch.h wide_key_tiles).
 template <typename T>
 __device__ __forceinline__ void wgmma_m64n160k16_ss(float (&d)[80], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
 #ifdef FLASHGPT_WGMMA_ENABLED
