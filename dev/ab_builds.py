@@ -11,8 +11,9 @@ source hash) and called directly, all candidates' calls interleaved (bench/cuda_
 Prints per row TFLOP/s of each (FLOPs 4·b·h·d per query-key pair: s² pairs, halved if causal, s·w - w(w-1)/2
 under a causal window of w tokens; backward 2.5x that) and each new /
 old, with the largest difference between a new tree's outputs and the old one's (gradients: the dQ
-reduce order differs call to call, so expect a few bf16 units at most); last, per new tree, the median
-and range of new / old over the rows. The shapes are the kernel sweep's: 16k tokens a batch, d_model 2048.
+reduce order differs call to call, so expect a few bf16 units at most; a row whose new outputs are non-finite
+where the old are not, or off by more than 2% of their scale, is marked WRONG); last, per new tree, the median
+and range of new / old over the rows, and how many rows were WRONG. The shapes are the kernel sweep's: 16k tokens a batch, d_model 2048.
 
 `--at-cap SECONDS` times instead at the board's power cap, the regime of a training step: per round each tree's
 calls run back to back for SECONDS (the trees' order rotating from round to round), medians over each turn's
@@ -39,6 +40,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cuda_timing import time_interleaved_ms  # noqa: E402
 
 BUILD = "from kernels.build import load_extension; print(load_extension().__file__)"
+WRONG_GAP = 0.02  # relative to the old outputs' largest magnitude (at least 1): a tree this far off is broken
+
+
+def output_gap(old: list[torch.Tensor], new: list[torch.Tensor]) -> tuple[float, bool]:
+    """The largest |old - new| over the compared tensors (NaN where new has a non-finite value old has not),
+    and whether new is wrong: non-finite where old is finite, or off by more than WRONG_GAP x max(1, max |old|).
+    A wrong tree's timings measure a broken kernel, whatever they say."""
+    gap, wrong = 0.0, False
+    for x, y in zip(old, new):
+        x, y = x.float(), y.float()
+        if bool((torch.isfinite(x) & ~torch.isfinite(y)).any()):
+            return float("nan"), True
+        both = torch.isfinite(x) & torch.isfinite(y)
+        g = (x - y)[both].abs().max().item() if bool(both.any()) else 0.0
+        scale = max(1.0, x[both].abs().max().item() if bool(both.any()) else 0.0)
+        gap, wrong = max(gap, g), wrong or g > WRONG_GAP * scale
+    return gap, wrong
 
 
 def build(tree: Path) -> ModuleType:
@@ -95,6 +113,7 @@ def main() -> None:
                        for n in news) + " |")
     print("|---|---|---|---|---|" + ("---|---|" if a.at_cap else "") + ("---|---|---|---|---|" if a.at_cap else "---|---|---|") * len(news))
     ratios = {n: [] for n in news}
+    wrong_rows = {n: 0 for n in news}
     masks = [("causal" if c else "full", bool(c), 0) for c in a.causal] + [(f"win{w}", True, w) for w in a.windows]
     for d in a.hdims:
         for label, causal, w in masks:
@@ -132,16 +151,20 @@ def main() -> None:
                 flops = 4 * b * h * pairs * d * (2.5 if a.which == "bwd" else 1.0)
                 cells = []
                 for n in news:
-                    diff = max((x.float() - y.float()).abs().max().item() for x, y in zip(got["old"], got[n]))
+                    gap, wrong = output_gap(got["old"], got[n])
+                    wrong_rows[n] += wrong
                     ratios[n].append(ms["old"] / ms[n])
                     at_cap = f" | {mhz[n]:.0f} | {joules[n] / joules['old']:.3f}" if a.at_cap else ""
-                    cells.append(f"{flops / ms[n] / 1e9:.0f} | {ms['old'] / ms[n]:.3f}{at_cap} | {diff:.2e}")
+                    cells.append(f"{flops / ms[n] / 1e9:.0f} | {ms['old'] / ms[n]:.3f}{at_cap} | {gap:.2e}"
+                                 + (" WRONG" if wrong else ""))
                 old_cap = f" | {mhz['old']:.0f} | {joules['old']:.3f}" if a.at_cap else ""
                 print(f"| {a.which} | {d} | {label} | {s} | {flops / ms['old'] / 1e9:.0f}{old_cap} | "
                       + " | ".join(cells) + " |", flush=True)
     for n in news:
         r = ratios[n]
-        print(f"{n} / old over {len(r)} rows: median {statistics.median(r):.3f}, range {min(r):.3f}-{max(r):.3f}")
+        broken = (f"; WRONG outputs on {wrong_rows[n]} rows (non-finite, or off by more than {WRONG_GAP} of the old "
+                  f"outputs' scale): its timings measure a broken kernel") if wrong_rows[n] else ""
+        print(f"{n} / old over {len(r)} rows: median {statistics.median(r):.3f}, range {min(r):.3f}-{max(r):.3f}{broken}")
 
 
 if __name__ == "__main__":
