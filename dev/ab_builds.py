@@ -53,9 +53,10 @@ def output_gap(old: list[torch.Tensor], new: list[torch.Tensor]) -> tuple[float,
         if bool((torch.isfinite(x) & ~torch.isfinite(y)).any()):
             return float("nan"), True
         both = torch.isfinite(x) & torch.isfinite(y)
-        g = (x - y)[both].abs().max().item() if bool(both.any()) else 0.0
-        scale = max(1.0, x[both].abs().max().item() if bool(both.any()) else 0.0)
-        gap, wrong = max(gap, g), wrong or g > WRONG_GAP * scale
+        if not bool(both.any()):
+            continue
+        g = (x - y)[both].abs().max().item()
+        gap, wrong = max(gap, g), wrong or g > WRONG_GAP * max(1.0, x[both].abs().max().item())
     return gap, wrong
 
 
